@@ -1,0 +1,98 @@
+"""Frozen model configuration, validated when built; modules read this, never the ConfigDict."""
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+
+KINDS = ("hourglass", "vanilla")
+SHORTEN = ("avg", "linear", "attention_avg", "attention_linear")
+UPSAMPLE = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
+POSITIONS = ("rope", "relative")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
+
+
+def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(f"model.{field}={value!r} is not supported; choose one of {', '.join(allowed)}.")
+
+
+def _positive_int(field: str, value: Any, minimum: int = 1) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    raise ValueError(f"model.{field}={value!r} must be an integer >= {minimum}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`."""
+  kind: str = "hourglass"
+  vocab_size: int = 256
+  d_model: int = 512
+  num_heads: int = 8
+  d_ff: int = 2048
+  hierarchy: str = "5@1 24@3 5@1"
+  shorten: str = "attention_avg"
+  upsample: str = "attention_repeat"
+  position: str = "rope"
+  dropout: float = 0.0
+  dtype: str = "float32"
+  attention_impl: str = "auto"
+  layer_norm_eps: float = 1e-6
+  rope_base: float = 10_000.0
+
+  def __post_init__(self):
+    _choice("kind", self.kind, KINDS)
+    _positive_int("vocab_size", self.vocab_size, 2)
+    _positive_int("d_model", self.d_model)
+    _positive_int("num_heads", self.num_heads)
+    _positive_int("d_ff", self.d_ff)
+    if self.d_model % self.num_heads:
+      raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
+                       "pick a d_model that is a multiple of num_heads.")
+    _choice("shorten", self.shorten, SHORTEN)
+    _choice("upsample", self.upsample, UPSAMPLE)
+    _choice("position", self.position, POSITIONS)
+    _choice("dtype", self.dtype, DTYPES)
+    _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    if self.position == "rope" and self.head_dim % 2:
+      raise ValueError(f"model.position='rope' needs an even head size, got d_model/num_heads={self.head_dim}.")
+    if not 0.0 <= float(self.dropout) < 1.0:
+      raise ValueError(f"model.dropout={self.dropout!r} must be in [0, 1).")
+    if self.attention_impl in ("cudnn", "splash") and self.dropout > 0:
+      raise ValueError(f"model.attention_impl={self.attention_impl!r} is a fused kernel without attention-"
+                       f"probability dropout, but model.dropout={self.dropout}; use 'auto' or 'xla', or dropout=0.")
+    if self.attention_impl in ("cudnn", "splash") and self.position == "relative":
+      raise ValueError(f"model.attention_impl={self.attention_impl!r} cannot add Transformer-XL position biases; "
+                       "use position='rope' or attention_impl='xla'.")
+    hierarchy = parse_hierarchy(self.hierarchy)
+    if self.kind == "vanilla" and hierarchy.depth:
+      raise ValueError(f"model.hierarchy={self.hierarchy!r}: kind='vanilla' takes a single full-resolution level "
+                       "such as '8@1'.")
+    if self.kind == "hourglass" and not hierarchy.depth:
+      raise ValueError(f"model.hierarchy={self.hierarchy!r} has no shortened level; use kind='vanilla' or add one, "
+                       "e.g. '2@1 4@3 2@1'.")
+
+  @property
+  def parsed_hierarchy(self) -> Hierarchy:
+    return parse_hierarchy(self.hierarchy)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+    """Builds from a mapping (e.g. ConfigDict); unknown keys raise, listing the known ones."""
+    values = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"model config has unknown field(s) {unknown}; known fields are {sorted(known)}.")
+    return cls(**values)

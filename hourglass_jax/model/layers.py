@@ -1,0 +1,129 @@
+"""Transformer building blocks: LayerNorm, GELU feed-forward, multi-head attention, pre-LN decoder stack.
+
+Every stream carries its positions in original-token units (a level with total factor P has positions 0, P, 2P...),
+so rotary and relative positions measure real distances at every level.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.positions import apply_rope, relative_distance_index, sinusoid_table
+from hourglass_jax.ops.attention import dot_product_attention
+
+_kernel_init = nn.initializers.xavier_uniform()
+
+
+def dense(cfg: ModelConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
+  """DenseGeneral in the compute dtype with float32 params annotated with logical axes."""
+  return nn.DenseGeneral(
+      features=features, axis=in_axes, use_bias=use_bias, dtype=cfg.compute_dtype, name=name,
+      kernel_init=nn.with_logical_partitioning(_kernel_init, axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[-_num_out_axes(features):]))
+
+
+def _num_out_axes(features) -> int:
+  return len(features) if isinstance(features, tuple) else 1
+
+
+def layer_norm(cfg: ModelConfig, name: str | None = None):
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))
+
+
+def causal_mask(length: int) -> np.ndarray:
+  return np.tril(np.ones((length, length), bool))
+
+
+def stream_positions(length: int, factor: int) -> np.ndarray:
+  """Original-token positions of a stream at total shortening `factor` (token j summarises up to j*factor)."""
+  return np.arange(length) * factor
+
+
+class FeedForward(nn.Module):
+  """Dense(d_ff) -> GELU(tanh) -> dropout -> Dense(d_model)."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, deterministic: bool):
+    cfg = self.cfg
+    h_BxLxF = dense(cfg, cfg.d_ff, ("embed", "mlp"), "wi")(x_BxLxD)
+    h_BxLxF = nn.gelu(h_BxLxF, approximate=True)
+    h_BxLxF = nn.Dropout(cfg.dropout)(h_BxLxF, deterministic=deterministic)
+    return dense(cfg, cfg.d_model, ("mlp", "embed"), "wo")(h_BxLxF)
+
+
+class MultiHeadAttention(nn.Module):
+  """Attention from queries x_q to keys/values x_kv under a static mask, rotary or Transformer-XL positions."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_q_BxTxD, x_kv_BxSxD, positions_q_T, positions_k_S, mask_TxS, deterministic: bool):
+    cfg = self.cfg
+    heads = (cfg.num_heads, cfg.head_dim)
+    q_BxTxNxH = dense(cfg, heads, ("embed", "heads", "kv"), "query")(x_q_BxTxD)
+    k_BxSxNxH = dense(cfg, heads, ("embed", "heads", "kv"), "key")(x_kv_BxSxD)
+    v_BxSxNxH = dense(cfg, heads, ("embed", "heads", "kv"), "value")(x_kv_BxSxD)
+    bias = None
+    if cfg.position == "rope":
+      q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
+      k_BxSxNxH = apply_rope(k_BxSxNxH, positions_k_S, cfg.rope_base)
+    else:
+      q_BxTxNxH, bias = self._relative_bias(q_BxTxNxH, positions_q_T, positions_k_S, mask_TxS)
+    use_dropout = cfg.dropout > 0.0 and not deterministic
+    out_BxTxNxH = dot_product_attention(
+        q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
+        dropout_rate=cfg.dropout if use_dropout else 0.0,
+        dropout_rng=self.make_rng("dropout") if use_dropout else None)
+    return dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
+
+  def _relative_bias(self, q_BxTxNxH, positions_q_T, positions_k_S, mask_TxS):
+    """Transformer-XL: logits = (q+u)k + (q+v)W_r R(i-j); returns (q+u, scaled position term)."""
+    cfg = self.cfg
+    u_NxH = self.param("content_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                                   ("heads", "kv")), (cfg.num_heads, cfg.head_dim))
+    v_NxH = self.param("position_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                                    ("heads", "kv")), (cfg.num_heads, cfg.head_dim))
+    distances_R, index_TxS = relative_distance_index(positions_q_T, positions_k_S, mask_TxS)
+    r_RxD = sinusoid_table(distances_R, cfg.d_model).astype(cfg.compute_dtype)
+    r_RxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), "position",
+                    use_bias=False)(r_RxD)
+    qv_BxTxNxH = q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype)
+    pos_BxNxTxR = jnp.einsum("btnh,rnh->bntr", qv_BxTxNxH, r_RxNxH, preferred_element_type=jnp.float32)
+    pos_BxNxTxS = jnp.take_along_axis(pos_BxNxTxR, jnp.asarray(index_TxS)[None, None], axis=-1)
+    return q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype), pos_BxNxTxS * (cfg.head_dim ** -0.5)
+
+
+class DecoderBlock(nn.Module):
+  """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x))."""
+  cfg: ModelConfig
+  factor: int = 1
+
+  @nn.compact
+  def __call__(self, x_BxLxD, deterministic: bool):
+    cfg = self.cfg
+    x_BxLxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
+    length = x_BxLxD.shape[1]
+    positions = stream_positions(length, self.factor)
+    h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
+    h_BxLxD = MultiHeadAttention(cfg, name="attention")(h_BxLxD, h_BxLxD, positions, positions,
+                                                         causal_mask(length), deterministic)
+    x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+    h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
+    return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+
+
+class DecoderStack(nn.Module):
+  """`num_layers` decoder blocks at total shortening `factor`, ending with its own LayerNorm."""
+  cfg: ModelConfig
+  num_layers: int
+  factor: int = 1
+
+  @nn.compact
+  def __call__(self, x_BxLxD, deterministic: bool):
+    for i in range(self.num_layers):
+      x_BxLxD = DecoderBlock(self.cfg, self.factor, name=f"block_{i}")(x_BxLxD, deterministic)
+    return layer_norm(self.cfg, "final_norm")(x_BxLxD)
+

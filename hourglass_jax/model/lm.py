@@ -1,0 +1,31 @@
+"""Language-model wrapper: token embedding -> body -> untied output head; pads any length internally."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.hourglass import HourglassLevel
+from hourglass_jax.model.layers import dense
+
+
+class HourglassLM(nn.Module):
+  """tokens [B, L] -> logits [B, L, vocab]; logits[:, t] depend only on tokens[:, :t+1] and predict token t+1.
+
+  Serves kind='hourglass' and kind='vanilla' (a single-level hierarchy is the vanilla decoder stack).
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxL, deterministic: bool = True):
+    cfg = self.cfg
+    length = tokens_BxL.shape[1]
+    multiple = cfg.parsed_hierarchy.total_factor
+    padded = -(-length // multiple) * multiple
+    # Padding at the end is causal-safe: no real position can see it.
+    tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
+                     embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
+    x_BxPxD = nn.Dropout(cfg.dropout)(embed(tokens_BxP), deterministic=deterministic)
+    x_BxPxD = HourglassLevel(cfg, name="body")(x_BxPxD, deterministic)
+    logits_BxPxV = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head")(x_BxPxD)
+    return logits_BxPxV[:, :length].astype(jnp.float32)
