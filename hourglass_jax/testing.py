@@ -17,23 +17,27 @@ def random_variables(module, tokens_BxL, seed: int = 0, scale: float = 0.3):
   return jax.tree.map(draw, shapes)
 
 
-def perturbation_logits(apply_fn, length: int, vocab_size: int, seed: int = 0):
-  """Logits for a random sequence (row 0) and for copies with token p changed (row p + 1), for every p."""
+def perturbation_logits(apply_fn, length: int, vocab_size: int, seed: int = 0, batch_size: int | None = None):
+  """Logits for a random sequence (row 0) and for copies with token p changed (row p + 1), for every p.
+
+  `batch_size` (>= length + 1) pads the batch with copies of row 0, so calls at several lengths share shapes.
+  """
   rng = np.random.default_rng(seed)
   base_L = rng.integers(0, vocab_size, size=length)
-  tokens = np.tile(base_L, (length + 1, 1))
+  tokens = np.tile(base_L, (max(batch_size or 0, length + 1), 1))
   for p in range(length):
     tokens[p + 1, p] = (base_L[p] + rng.integers(1, vocab_size)) % vocab_size
   return np.asarray(apply_fn(jnp.asarray(tokens, jnp.int32)), np.float64)
 
 
-def causality_violations(apply_fn, length: int, vocab_size: int, atol: float = 1e-5, seed: int = 0):
+def causality_violations(apply_fn, length: int, vocab_size: int, atol: float = 1e-5, seed: int = 0,
+                         batch_size: int | None = None):
   """Checks logits[t] depend only on tokens[:t+1] by perturbing every position p in turn.
 
   Returns a list of messages: positions p whose change moved logits before p by more than `atol`, or moved
   no logits at or after p at all. An empty list means the model is exactly causal on this input.
   """
-  logits = perturbation_logits(apply_fn, length, vocab_size, seed)
+  logits = perturbation_logits(apply_fn, length, vocab_size, seed, batch_size)
   problems = []
   for p in range(length):
     delta_LxV = np.abs(logits[p + 1] - logits[0])

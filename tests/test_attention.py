@@ -1,0 +1,110 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax.model.layers import causal_mask
+from hourglass_jax.model.resampling import shorten_mask, upsample_mask
+from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation
+
+MASKS = {
+    "none": lambda t, s: None,
+    "causal": lambda t, s: causal_mask(t),
+    "shorten": lambda t, s: shorten_mask(s, s // t),
+    "upsample": lambda t, s: upsample_mask(t, t // s),
+}
+SHAPES = {"none": (7, 5), "causal": (9, 9), "shorten": (4, 12), "upsample": (12, 4)}
+
+
+def _qkv(t, s, seed=0, b=2, n=3, h=8):
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, t, n, h), (b, s, n, h), (b, s, n, h))]
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_xla_matches_reference_values_and_gradients(mask_name, with_bias):
+  t, s = SHAPES[mask_name]
+  q, k, v = _qkv(t, s)
+  mask = MASKS[mask_name](t, s)
+  bias = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, t, s)), jnp.float32) if with_bias else None
+
+  def loss(fn, q, k, v, bias):
+    out = fn(q, k, v, mask, bias)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4), has_aux=True), static_argnums=0)
+  xla = lambda q, k, v, m, b: dot_product_attention(q, k, v, m, b, impl="xla")
+  (g_xla, out_xla), (g_ref, out_ref) = [
+      (grad(fn, q, k, v, bias)[0], fn(q, k, v, mask, bias)) for fn in (xla, reference_attention)]
+  np.testing.assert_allclose(out_xla, out_ref, atol=1e-5, rtol=1e-5)
+  for a, b in zip(g_xla, g_ref):
+    if b is not None:
+      np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_reference_is_softmax_of_masked_scaled_scores():
+  q, k, v = _qkv(4, 12, b=1, n=1)
+  mask = shorten_mask(12, 3)
+  out = np.asarray(reference_attention(q, k, v, mask))[0, :, 0]
+  qn, kn, vn = (np.asarray(x)[0, :, 0].astype(np.float64) for x in (q, k, v))
+  scores = qn @ kn.T / np.sqrt(8)
+  scores[~mask] = -np.inf
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  np.testing.assert_allclose(out, probs @ vn, atol=1e-5)
+
+
+def test_masked_keys_have_no_influence():
+  q, k, v = _qkv(12, 4)
+  mask = upsample_mask(12, 3)
+  base = dot_product_attention(q, k, v, mask, impl="xla")
+  changed = dot_product_attention(q, k, v.at[:, 2].add(10.0), mask, impl="xla")
+  allowed_rows = np.nonzero(~mask[:, 2])[0]  # queries that may not see key 2
+  np.testing.assert_array_equal(base[:, allowed_rows], changed[:, allowed_rows])
+  assert not np.allclose(base[:, 6:], changed[:, 6:])
+
+
+def test_probability_dropout_is_seeded_and_unbiased_in_expectation():
+  q, k, v = _qkv(9, 9)
+  mask = causal_mask(9)
+  a = dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=jax.random.key(3))
+  b = dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=jax.random.key(3))
+  c = dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=jax.random.key(4))
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+  sample = lambda key: dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=key)
+  samples = jax.jit(jax.vmap(sample))(jax.random.split(jax.random.key(0), 2000))
+  np.testing.assert_allclose(samples.mean(0), reference_attention(q, k, v, mask), atol=0.1)
+
+
+def test_auto_resolution_on_cpu():
+  common = dict(dtype=jnp.bfloat16, static_mask=True, lengths=(128, 128))
+  assert jax.default_backend() == "cpu"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **common) == "xla"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **common) == "reference"
+  assert resolve_implementation("xla", has_bias=True, has_dropout=True, **common) == "reference"
+  for fused in ("cudnn", "splash"):
+    with pytest.raises(ValueError, match=f"attention_impl='{fused}' needs a"):
+      resolve_implementation(fused, has_bias=False, has_dropout=False, **common)
+  with pytest.raises(ValueError, match="not one of"):
+    resolve_implementation("flash", has_bias=False, has_dropout=False, **common)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.parametrize("mask_name", ["causal", "shorten", "upsample"])
+def test_cudnn_matches_reference_on_gpu(mask_name):
+  t, s = {"causal": (256, 256), "shorten": (128, 384), "upsample": (384, 128)}[mask_name]
+  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(t, s, h=64))
+  mask = MASKS[mask_name](t, s)
+  out = dot_product_attention(q, k, v, mask, impl="cudnn")
+  ref = reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
+  np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2)
+
+
+@pytest.mark.skipif(jax.default_backend() != "tpu", reason="splash attention needs a TPU")
+def test_splash_matches_reference_on_tpu():
+  q, k, v = _qkv(256, 256, h=128)
+  mask = causal_mask(256)
+  np.testing.assert_allclose(dot_product_attention(q, k, v, mask, impl="splash"),
+                             reference_attention(q, k, v, mask), atol=2e-3)

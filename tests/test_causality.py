@@ -1,0 +1,72 @@
+"""Causality by perturbation (every option) and by gradients (an independent second check)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax.model import build_model
+from hourglass_jax.model.config import SHORTEN, UPSAMPLE
+from hourglass_jax.model.hourglass import HourglassLevel
+from hourglass_jax.testing import causality_violations, random_variables
+from tests.helpers import SMALL, small_config
+
+SINGLE_LEVEL = "1@1 2@3 1@1"
+MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
+# 12 is a multiple of every factor product used here, 11 of none; both pad to 12 inside, and the batch is padded
+# to a fixed size, so all tests share array shapes and reuse JAX's eager op compilations.
+LENGTHS = (12, 11)
+BATCH = 13
+
+
+def assert_causal(cfg, length):
+  model = build_model(cfg)
+  variables = random_variables(model, jnp.zeros((1, length), jnp.int32))
+  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+                                  batch_size=BATCH)
+  assert not problems, f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}: {problems[:3]}"
+
+
+@pytest.mark.parametrize("position", ["rope", "relative"])
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("hierarchy", [SINGLE_LEVEL, MULTI_LEVEL])
+@pytest.mark.parametrize("shorten, upsample", list(itertools.product(SHORTEN, UPSAMPLE)))
+def test_hourglass_is_causal(shorten, upsample, hierarchy, length, position):
+  assert_causal(small_config(hierarchy=hierarchy, shorten=shorten, upsample=upsample, position=position), length)
+
+
+@pytest.mark.parametrize("position", ["rope", "relative"])
+@pytest.mark.parametrize("length", LENGTHS)
+def test_vanilla_is_causal(length, position):
+  assert_causal(small_config(kind="vanilla", hierarchy="2@1", position=position), length)
+
+
+@pytest.mark.parametrize("hierarchy, length", [("1@1 1@5 1@1", 13), ("0@1 1@2 2@6 0@2 1@1", 13), ("2@1 1@3 1@1", 11)])
+def test_other_factors_and_asymmetric_counts_are_causal(hierarchy, length):
+  assert_causal(small_config(hierarchy=hierarchy, shorten="attention_linear", upsample="attention_linear"), length)
+
+
+def test_the_perturbation_check_catches_a_leak():
+  def leaky(tokens_BxL):  # position t sees token t+1
+    shifted = jnp.roll(tokens_BxL, -1, axis=1)
+    return jax.nn.one_hot(shifted, SMALL["vocab_size"])
+  assert causality_violations(leaky, 9, SMALL["vocab_size"])
+
+
+@pytest.mark.parametrize("shorten, upsample", [("attention_avg", "attention_repeat"), ("linear", "linear")])
+@pytest.mark.parametrize("position", ["rope", "relative"])
+def test_body_gradients_are_causal(shorten, upsample, position):
+  """d output[t] / d input[p] == 0 for every p > t, and != 0 for p == t."""
+  cfg = small_config(hierarchy=MULTI_LEVEL, shorten=shorten, upsample=upsample, position=position)
+  body = HourglassLevel(cfg)
+  x_BxLxD = jnp.asarray(np.random.default_rng(0).normal(size=(1, 16, cfg.d_model)), jnp.float32)
+  shapes = jax.eval_shape(lambda: body.init(jax.random.key(0), x_BxLxD, True))
+  rng = np.random.default_rng(1)
+  variables = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape) * 0.3, s.dtype), shapes)
+  f = lambda x: body.apply(variables, x, True)[0].sum(-1)  # [L]
+  jacobian_LxLxD = np.asarray(jax.jit(jax.jacrev(f))(x_BxLxD))[:, 0]
+  influence_LxL = np.abs(jacobian_LxLxD).max(-1)
+  assert np.all(np.triu(influence_LxL, k=1) == 0.0), "an output depends on a later input"
+  assert np.all(np.diag(influence_LxL) > 0.0)
