@@ -5,7 +5,8 @@ import pytest
 
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.model.resampling import shorten_mask, upsample_mask
-from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation
+from hourglass_jax.ops.attention import (dot_product_attention, reference_attention, resolve_implementation,
+                                         splash_attention)
 
 MASKS = {
     "none": lambda t, s: None,
@@ -100,6 +101,15 @@ def test_cudnn_matches_reference_on_gpu(mask_name):
   out = dot_product_attention(q, k, v, mask, impl="cudnn")
   ref = reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
   np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2)
+
+
+@pytest.mark.parametrize("mask_name", ["causal", "shorten"])
+def test_splash_kernel_glue_matches_reference_in_the_pallas_interpreter(mask_name):
+  t, s = {"causal": (128, 128), "shorten": (128, 384)}[mask_name]
+  q, k, v = _qkv(t, s, b=1, n=2, h=64)
+  mask = MASKS[mask_name](t, s)
+  np.testing.assert_allclose(splash_attention(q, k, v, mask, interpret=True), reference_attention(q, k, v, mask),
+                             atol=1e-5)
 
 
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="splash attention needs a TPU")

@@ -34,15 +34,19 @@ def _is_causal(mask_TxS) -> bool:
   return bool(np.array_equal(mask_TxS, np.tril(np.ones(mask_TxS.shape, bool))))
 
 
-def _splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS):
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU only
+def splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, interpret: bool = False):
+  """TPU Pallas splash attention with a static mask; lengths must be multiples of 128.
+
+  `interpret=True` runs the kernel in the Pallas interpreter, so its glue can be tested on CPU.
+  """
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   num_heads = q_BxTxNxH.shape[2]
   if mask_TxS is None:
     mask_TxS = np.ones((q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]), bool)
   head_mask = splash.NumpyMask(np.asarray(mask_TxS))
   kernel = splash.make_splash_mha(mask=splash.MultiHeadMask([head_mask] * num_heads), head_shards=1,
-                                  q_seq_shards=1)
+                                  q_seq_shards=1, interpret=interpret)
   q_BxNxTxH = jnp.swapaxes(q_BxTxNxH, 1, 2) * (q_BxTxNxH.shape[-1] ** -0.5)
   out_BxNxTxH = jax.vmap(kernel)(q_BxNxTxH, jnp.swapaxes(k_BxSxNxH, 1, 2), jnp.swapaxes(v_BxSxNxH, 1, 2))
   return jnp.swapaxes(out_BxNxTxH, 1, 2)
@@ -84,7 +88,7 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=N
     return reference_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, dropout_rate=dropout_rate,
                                dropout_rng=dropout_rng)
   if chosen == "splash":
-    return _splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
+    return splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
   causal = _is_causal(mask_TxS)
   mask = None if (mask_TxS is None or causal) else jnp.asarray(mask_TxS)[None, None]
   return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias, mask=mask, is_causal=causal,
