@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.model import build_model
-from hourglass_jax.model.config import SHORTEN, UPSAMPLE
+from hourglass_jax.model.config import MULTISCALE_KINDS, SHORTEN, UPSAMPLE
 from hourglass_jax.model.hourglass import HourglassLevel
 from hourglass_jax.testing import causality_violations, random_variables
 from tests.helpers import SMALL, small_config
@@ -21,12 +21,19 @@ LENGTHS = (12, 11)
 BATCH = 13
 
 
+def describe(cfg) -> str:
+  if cfg.kind in MULTISCALE_KINDS:
+    return (f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.retina_windows or ''} "
+            f"{cfg.position}")
+  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
+
+
 def assert_causal(cfg, length):
   model = build_model(cfg)
   variables = random_variables(model, jnp.zeros((1, length), jnp.int32))
   problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
-  assert not problems, f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}: {problems[:3]}"
+  assert not problems, f"{describe(cfg)}: {problems[:3]}"
 
 
 @pytest.mark.parametrize("position", ["rope", "relative"])

@@ -23,6 +23,34 @@ from tests.helpers import SMALL
     (dict(kind="hourglass", hierarchy="4@1"), "no shortened level", "kind='vanilla'"),
     (dict(attention_impl="cudnn", dropout=0.1), "model.attention_impl='cudnn'", "dropout=0"),
     (dict(attention_impl="splash", position="relative"), "model.attention_impl='splash'", "position='rope'"),
+    (dict(downsampler="max"), "model.downsampler='max'", "avg, conv"),
+    (dict(upsampler="linear"), "model.upsampler='linear'", "transposed_conv, repeat"),
+    (dict(kind="topdown", scales="16,5,1"), "model.scales='16,5,1'", "each an integer multiple of the next"),
+    (dict(kind="topdown", scales="1,4,16"), "model.scales='1,4,16' does not end at 1", "coarse to fine"),
+    (dict(kind="topdown", scales="4,4,1"), "model.scales='4,4,1'", "integer multiple"),
+    (dict(kind="topdown", scales="4"), "model.scales='4' has a single scale", "'16,4,1'"),
+    (dict(kind="topdown", scales="4;1"), "model.scales='4;1'", "comma-separated"),
+    (dict(kind="topdown", scales="4,1", layers_per_scale="1,2,3"), "model.layers_per_scale='1,2,3' has 3 entries",
+     "one integer >= 0 per scale"),
+    (dict(kind="bottomup", scales="4,1", layers_per_scale="1,-1"), "model.layers_per_scale='1,-1'", "'2,2'"),
+    (dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1"), "model.heads_per_scale=''",
+     "one head count per scale summing to 4"),
+    (dict(kind="retina", hierarchy="2@1", scales="2,1", retina_windows="0:2,2:8", heads_per_scale="1,1"),
+     "model.heads_per_scale='1,1' sums to 2", "divide the model.num_heads=4 heads"),
+    (dict(kind="retina", hierarchy="2@1 4@3 2@1", scales="2,1", retina_windows="0:2,2:8"), "kind='retina'", "'8@1'"),
+    (dict(kind="retina", hierarchy="2@1", scales="2,1"), "model.retina_windows='' is empty", "'0:8,8:256,256:512'"),
+    (dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:2,1:6,6:12"),
+     "window 1:6 overlaps the previous one", "without gaps or overlaps"),
+    (dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:2,3:6,6:12"),
+     "window 3:6 leaves a gap", "without gaps or overlaps"),
+    (dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="1:2,2:6,6:12"),
+     "window 1:2 leaves a gap", "tiling the context from 0"),
+    (dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:2,2:6"),
+     "model.retina_windows='0:2,2:6' has 2 windows for 3 scales", "one 'a:b' window per scale"),
+    (dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:1,1:2,2:12"),
+     "window 2:12 of the scale-4 heads starts 2 tokens back", "at least 3 back"),
+    (dict(kind="retina", hierarchy="2@1", scales="2,1", retina_windows="0:2,8:4"), "'8:4' is not a window",
+     "0 <= a < b"),
 ])
 def test_bad_fields_raise_naming_field_value_and_choices(overrides, field, allowed):
   values = dict(SMALL, kind="hourglass", hierarchy="1@1 2@3 1@1")
@@ -43,3 +71,15 @@ def test_build_model_validates_before_tracing():
   cfg = ml_collections.ConfigDict(dict(SMALL, hierarchy="1@1 2@3 2@3 1@1"))
   with pytest.raises(ValueError, match="model.hierarchy"):
     build_model(cfg)  # raised here: no init, no jit
+
+
+def test_multiscale_fields_are_checked_only_for_the_kinds_that_use_them():
+  ModelConfig(**dict(SMALL, kind="hourglass", hierarchy="1@1 2@3 1@1", scales="bad", retina_windows="bad"))
+  cfg = ModelConfig(**dict(SMALL, kind="topdown", hierarchy="4@1", scales="16,4,1", layers_per_scale="1,2,3",
+                           heads_per_scale="bad", retina_windows="bad"))
+  assert cfg.parsed_scales.factors == (16, 4, 1) and cfg.parsed_scales.layers == (1, 2, 3)
+  assert cfg.pad_multiple == 16
+  cfg = ModelConfig(**dict(SMALL, kind="retina", hierarchy="3@1", scales="16,4,1", heads_per_scale="1,1,2",
+                           retina_windows="0:8,8:256,256:512"))
+  assert cfg.parsed_scales.windows == ((256, 512), (8, 256), (0, 8))  # aligned with the scales, coarse to fine
+  assert cfg.parsed_scales.heads == (1, 1, 2)

@@ -6,13 +6,17 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.scales import MultiScale, parse_multiscale
 
-KINDS = ("hourglass", "vanilla")
+KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
+MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
 SHORTEN = ("avg", "linear", "attention_avg", "attention_linear")
 UPSAMPLE = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
 POSITIONS = ("rope", "relative")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
+DOWNSAMPLERS = ("avg", "conv")
+UPSAMPLERS = ("transposed_conv", "repeat")
 
 
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -27,7 +31,11 @@ def _positive_int(field: str, value: Any, minimum: int = 1) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`."""
+  """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
+
+  hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
+  as '12@1'; topdown and bottomup from `layers_per_scale`. See scales.py for the multi-scale notation.
+  """
   kind: str = "hourglass"
   vocab_size: int = 256
   d_model: int = 512
@@ -42,6 +50,12 @@ class ModelConfig:
   attention_impl: str = "auto"
   layer_norm_eps: float = 1e-6
   rope_base: float = 10_000.0
+  scales: str = "64,16,4,1"
+  layers_per_scale: str = "2,4,8,12"
+  heads_per_scale: str = ""
+  downsampler: str = "avg"
+  upsampler: str = "transposed_conv"
+  retina_windows: str = ""
 
   def __post_init__(self):
     _choice("kind", self.kind, KINDS)
@@ -57,6 +71,8 @@ class ModelConfig:
     _choice("position", self.position, POSITIONS)
     _choice("dtype", self.dtype, DTYPES)
     _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    _choice("downsampler", self.downsampler, DOWNSAMPLERS)
+    _choice("upsampler", self.upsampler, UPSAMPLERS)
     if self.position == "rope" and self.head_dim % 2:
       raise ValueError(f"model.position='rope' needs an even head size, got d_model/num_heads={self.head_dim}.")
     if not 0.0 <= float(self.dropout) < 1.0:
@@ -68,12 +84,27 @@ class ModelConfig:
       raise ValueError(f"model.attention_impl={self.attention_impl!r} cannot add Transformer-XL position biases; "
                        "use position='rope' or attention_impl='xla'.")
     hierarchy = parse_hierarchy(self.hierarchy)
-    if self.kind == "vanilla" and hierarchy.depth:
-      raise ValueError(f"model.hierarchy={self.hierarchy!r}: kind='vanilla' takes a single full-resolution level "
-                       "such as '8@1'.")
+    if self.kind in ("vanilla", "retina") and hierarchy.depth:
+      raise ValueError(f"model.hierarchy={self.hierarchy!r}: kind={self.kind!r} takes a single full-resolution "
+                       "level such as '8@1'.")
     if self.kind == "hourglass" and not hierarchy.depth:
       raise ValueError(f"model.hierarchy={self.hierarchy!r} has no shortened level; use kind='vanilla' or add one, "
                        "e.g. '2@1 4@3 2@1'.")
+    if self.kind in MULTISCALE_KINDS:
+      _ = self.parsed_scales  # raises on malformed multi-scale fields
+
+  @property
+  def parsed_scales(self) -> MultiScale:
+    """The multi-scale fields `kind` uses, parsed (multi-scale kinds only)."""
+    return parse_multiscale(self.kind, self.scales, self.layers_per_scale, self.heads_per_scale, self.retina_windows,
+                            self.num_heads)
+
+  @property
+  def pad_multiple(self) -> int:
+    """Sequences are padded (at the end) to a multiple of this: the total shortening or the coarsest scale."""
+    if self.kind in MULTISCALE_KINDS:
+      return self.parsed_scales.coarsest
+    return self.parsed_hierarchy.total_factor
 
   @property
   def parsed_hierarchy(self) -> Hierarchy:

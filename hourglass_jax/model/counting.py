@@ -2,6 +2,7 @@
 
 FLOPs are forward-pass matmul FLOPs (2 per multiply-add) for one sequence, counting attention as the full
 square XLA computes (masked entries included). A training step costs about 3x the forward.
+Parts are named `stage@factor`, the factor being the total shortening (multi-scale: the scale) they run at.
 """
 
 import dataclasses
@@ -77,12 +78,30 @@ def _upsample(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
   return params, flops
 
 
-def count(cfg: ModelConfig, seq_len: int) -> list[Part]:
-  """Per-part parameter and forward-FLOP counts for one sequence of `seq_len` tokens (padded as the model pads)."""
+def _scale_attention(cfg: ModelConfig, queries: int, groups: list[tuple[int, int, int]]) -> tuple[int, int]:
+  """Head groups (heads, keys, distinct distances) reading their own streams: MultiHeadAttention's params."""
+  d, width = cfg.d_model, cfg.head_dim
+  params, flops = _attention(cfg, queries, 0)[0], 2 * 2 * queries * d * d
+  for heads, keys, distances in groups:
+    flops += 2 * 2 * keys * d * heads * width + 2 * 2 * queries * keys * heads * width
+    if cfg.position == "relative":
+      flops += 2 * distances * d * heads * width + 2 * queries * distances * heads * width
+  return params, flops
+
+
+def _downsample(cfg: ModelConfig, k: int, tokens_out: int) -> tuple[int, int]:
+  d = cfg.d_model
+  return (k * d * d + d, 2 * tokens_out * k * d * d) if cfg.downsampler == "conv" else (0, 0)
+
+
+def _topdown_upsample(cfg: ModelConfig, k: int, tokens_in: int) -> tuple[int, int]:
+  d = cfg.d_model
+  return (d * k * d + k * d, 2 * tokens_in * d * k * d) if cfg.upsampler == "transposed_conv" else (0, 0)
+
+
+def _hourglass_parts(cfg: ModelConfig, length: int) -> list[Part]:
   hierarchy = cfg.parsed_hierarchy
-  d, vocab = cfg.d_model, cfg.vocab_size
-  length = -(-seq_len // hierarchy.total_factor) * hierarchy.total_factor
-  parts = [Part("embed", 1, length, 0, vocab * d, 0)]
+  parts = []
   ups = []
   for level, (num_pre, factor) in enumerate(hierarchy.levels):
     tokens = length // factor
@@ -96,12 +115,74 @@ def count(cfg: ModelConfig, seq_len: int) -> list[Part]:
     ups.append(Part(f"post@{factor}", factor, tokens, num_post, *_stack(cfg, num_post, tokens)))
     ups.append(Part(f"upsample@{factor * k}->{factor}", factor, tokens, 0, *_upsample(cfg, k, tokens)))
   parts.extend(reversed(ups))
-  parts.append(Part("head", 1, length, 0, d * vocab + vocab, 2 * length * d * vocab))
   return parts
 
 
+def _topdown_parts(cfg: ModelConfig, length: int) -> list[Part]:
+  scales, d = cfg.parsed_scales, cfg.d_model
+  f = scales.factors
+  parts = [Part(f"downsample@{f[i]}->{f[i - 1]}", f[i], length // f[i], 0,
+                *_downsample(cfg, scales.relative_factor(i), length // f[i - 1])) for i in range(len(f) - 1, 0, -1)]
+  for i, (factor, layers) in enumerate(zip(f, scales.layers)):
+    tokens = length // factor
+    if i:
+      k = scales.relative_factor(i)
+      parts.append(Part(f"upsample@{f[i - 1]}->{factor}", factor, tokens, 0, *_topdown_upsample(cfg, k, tokens // k)))
+      parts.append(Part(f"merge@{factor}", factor, tokens, 0, 2 * d * d + d, 2 * tokens * 2 * d * d))
+    parts.append(Part(f"scale@{factor}", factor, tokens, layers, *_stack(cfg, layers, tokens)))
+  return parts
+
+
+def _aggregate(cfg: ModelConfig, length: int) -> tuple[int, int]:
+  scales = cfg.parsed_scales
+  groups = [(n, length // s, length) for n, s in zip(scales.heads, scales.factors)]
+  attn_p, attn_f = _scale_attention(cfg, length, groups)
+  ffn_p, ffn_f = _ffn(cfg, length)
+  return attn_p + ffn_p + 2 * _norm(cfg.d_model), attn_f + ffn_f
+
+
+def _bottomup_parts(cfg: ModelConfig, length: int) -> list[Part]:
+  scales = cfg.parsed_scales
+  f = scales.factors
+  parts = []
+  for i in range(len(f) - 2, -1, -1):
+    tokens = length // f[i]
+    parts.append(Part(f"downsample@{f[i + 1]}->{f[i]}", f[i + 1], length // f[i + 1], 0,
+                      *_downsample(cfg, scales.relative_factor(i + 1), tokens)))
+    parts.append(Part(f"scale@{f[i]}", f[i], tokens, scales.layers[i], *_stack(cfg, scales.layers[i], tokens)))
+  parts.append(Part("aggregate@1", 1, length, 1, *_aggregate(cfg, length)))
+  parts.append(Part("scale@1", 1, length, scales.layers[-1], *_stack(cfg, scales.layers[-1], length)))
+  return parts
+
+
+def _retina_parts(cfg: ModelConfig, length: int) -> list[Part]:
+  scales, d = cfg.parsed_scales, cfg.d_model
+  num_layers = cfg.parsed_hierarchy.levels[0][0]
+  groups = [(n, length // s, min(stop, length)) for n, s, (_, stop) in zip(scales.heads, scales.factors,
+                                                                          scales.windows)]
+  attn_p, attn_f = _scale_attention(cfg, length, groups)
+  ffn_p, ffn_f = _ffn(cfg, length)
+  pools = [_downsample(cfg, scales.relative_factor(i), length // scales.factors[i - 1])
+           for i in range(1, len(scales.factors))]
+  block_p = attn_p + ffn_p + 2 * _norm(d) + sum(p for p, _ in pools)
+  block_f = attn_f + ffn_f + sum(f for _, f in pools)
+  return [Part("retina@1", 1, length, num_layers, num_layers * block_p + _norm(d), num_layers * block_f)]
+
+
+_BODY_PARTS = {"hourglass": _hourglass_parts, "vanilla": _hourglass_parts, "topdown": _topdown_parts,
+               "bottomup": _bottomup_parts, "retina": _retina_parts}
+
+
+def count(cfg: ModelConfig, seq_len: int) -> list[Part]:
+  """Per-part parameter and forward-FLOP counts for one sequence of `seq_len` tokens (padded as the model pads)."""
+  d, vocab = cfg.d_model, cfg.vocab_size
+  length = -(-seq_len // cfg.pad_multiple) * cfg.pad_multiple
+  return ([Part("embed", 1, length, 0, vocab * d, 0)] + _BODY_PARTS[cfg.kind](cfg, length)
+          + [Part("head", 1, length, 0, d * vocab + vocab, 2 * length * d * vocab)])
+
+
 def total_params(cfg: ModelConfig) -> int:
-  return sum(p.params for p in count(cfg, cfg.parsed_hierarchy.total_factor))
+  return sum(p.params for p in count(cfg, cfg.pad_multiple))
 
 
 def forward_flops(cfg: ModelConfig, seq_len: int) -> int:

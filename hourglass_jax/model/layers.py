@@ -19,8 +19,19 @@ def dense(cfg: ModelConfig, features, axes: tuple[str, ...], name: str, in_axes=
   """DenseGeneral in the compute dtype with float32 params annotated with logical axes."""
   return nn.DenseGeneral(
       features=features, axis=in_axes, use_bias=use_bias, dtype=cfg.compute_dtype, name=name,
-      kernel_init=nn.with_logical_partitioning(_kernel_init, axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[-_num_out_axes(features):]))
+      kernel_init=_flat_partitioned(_kernel_init, axes),
+      bias_init=_flat_partitioned(nn.initializers.zeros_init(), axes[-_num_out_axes(features):]))
+
+
+class _FlatPartitioned(nn.LogicallyPartitioned):
+  """DenseGeneral inits its params flat, then reshapes: constrain them only at full rank (flax issue #3676)."""
+
+  def unbox(self, apply_constraint=True):
+    return super().unbox(apply_constraint and jnp.ndim(self.value) == len(self.names))
+
+
+def _flat_partitioned(init, axes: tuple[str, ...]):
+  return lambda rng, shape, dtype=jnp.float32: _FlatPartitioned(init(rng, shape, dtype), axes)
 
 
 def _num_out_axes(features) -> int:
@@ -86,14 +97,20 @@ class MultiHeadAttention(nn.Module):
                                                                    ("heads", "kv")), (cfg.num_heads, cfg.head_dim))
     v_NxH = self.param("position_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                                     ("heads", "kv")), (cfg.num_heads, cfg.head_dim))
-    distances_R, index_TxS = relative_distance_index(positions_q_T, positions_k_S, mask_TxS)
-    r_RxD = sinusoid_table(distances_R, cfg.d_model).astype(cfg.compute_dtype)
-    r_RxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), "position",
-                    use_bias=False)(r_RxD)
-    qv_BxTxNxH = q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype)
-    pos_BxNxTxR = jnp.einsum("btnh,rnh->bntr", qv_BxTxNxH, r_RxNxH, preferred_element_type=jnp.float32)
-    pos_BxNxTxS = jnp.take_along_axis(pos_BxNxTxR, jnp.asarray(index_TxS)[None, None], axis=-1)
-    return q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype), pos_BxNxTxS * (cfg.head_dim ** -0.5)
+    project = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), "position", use_bias=False)
+    return relative_position_terms(cfg, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S, mask_TxS)
+
+
+def relative_position_terms(cfg: ModelConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,
+                            mask_TxS):
+  """(q + u, scaled (q + v) W_r R(i - j) [B, N, T, S]); `project` maps sinusoids [R, D] to [R, N, H]."""
+  distances_R, index_TxS = relative_distance_index(positions_q_T, positions_k_S, mask_TxS)
+  r_RxD = sinusoid_table(distances_R, cfg.d_model).astype(cfg.compute_dtype)
+  r_RxNxH = project(r_RxD)
+  qv_BxTxNxH = q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype)
+  pos_BxNxTxR = jnp.einsum("btnh,rnh->bntr", qv_BxTxNxH, r_RxNxH, preferred_element_type=jnp.float32)
+  pos_BxNxTxS = jnp.take_along_axis(pos_BxNxTxR, jnp.asarray(index_TxS)[None, None], axis=-1)
+  return q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype), pos_BxNxTxS * (cfg.head_dim ** -0.5)
 
 
 class DecoderBlock(nn.Module):

@@ -6,12 +6,17 @@ import jax.numpy as jnp
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass import HourglassLevel
 from hourglass_jax.model.layers import dense
+from hourglass_jax.model.multiscale import BottomUp, TopDown
+from hourglass_jax.model.retina import Retina, check_windows_fit
+
+BODIES = {"hourglass": HourglassLevel, "vanilla": HourglassLevel, "topdown": TopDown, "bottomup": BottomUp,
+          "retina": Retina}
 
 
 class HourglassLM(nn.Module):
   """tokens [B, L] -> logits [B, L, vocab]; logits[:, t] depend only on tokens[:, :t+1] and predict token t+1.
 
-  Serves kind='hourglass' and kind='vanilla' (a single-level hierarchy is the vanilla decoder stack).
+  Serves every kind: the body is picked by `cfg.kind` (a single-level hierarchy is the vanilla decoder stack).
   """
   cfg: ModelConfig
 
@@ -19,13 +24,15 @@ class HourglassLM(nn.Module):
   def __call__(self, tokens_BxL, deterministic: bool = True):
     cfg = self.cfg
     length = tokens_BxL.shape[1]
-    multiple = cfg.parsed_hierarchy.total_factor
+    if cfg.kind == "retina":
+      check_windows_fit(cfg, length)
+    multiple = cfg.pad_multiple
     padded = -(-length // multiple) * multiple
     # Padding at the end is causal-safe: no real position can see it.
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
                      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
     x_BxPxD = nn.Dropout(cfg.dropout)(embed(tokens_BxP), deterministic=deterministic)
-    x_BxPxD = HourglassLevel(cfg, name="body")(x_BxPxD, deterministic)
+    x_BxPxD = BODIES[cfg.kind](cfg, name="body")(x_BxPxD, deterministic)
     logits_BxPxV = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head")(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

@@ -1,0 +1,70 @@
+"""Attention whose head groups read different scales: the bottom-up aggregation layer and retina attention.
+
+Keys at cumulative scale s sit at positions js and summarise tokens js-s+1 .. js (see scale_resampling.py).
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layers import dense, relative_position_terms
+from hourglass_jax.model.positions import apply_rope
+from hourglass_jax.ops.attention import dot_product_attention
+
+
+def retina_mask(length: int, scale: int, start: int, stop: int) -> np.ndarray:
+  """[L, L/s]: query q sees scale-s key j iff j*s <= q and one of the tokens j summarises is start..stop-1 back."""
+  q_Lx1 = np.arange(length)[:, None]
+  last_1xS = np.arange(length // scale)[None, :] * scale
+  first_1xS = last_1xS - scale + 1
+  return (last_1xS <= q_Lx1) & (first_1xS <= q_Lx1 - start) & (last_1xS >= q_Lx1 - stop + 1)
+
+
+class ScaleAttention(nn.Module):
+  """Multi-head attention whose head group g (`heads[g]` heads) attends to its own key/value stream.
+
+  Group g reads kv[g] at positions positions_k[g] under the static mask masks[g] [T, S_g]; query rows that a mask
+  leaves empty get zero output from that group. Parameters: exactly those of MultiHeadAttention.
+  """
+  cfg: ModelConfig
+  heads: tuple[int, ...]
+
+  @nn.compact
+  def __call__(self, x_q_BxTxD, kvs, positions_q_T, positions_k, masks, deterministic: bool):
+    cfg = self.cfg
+    axes = ("embed", "heads", "kv")
+    q_BxTxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), axes, "query")(x_q_BxTxD)
+    if cfg.position == "rope":
+      q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
+    else:
+      zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("heads", "kv"))
+      u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
+      v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
+    use_dropout = cfg.dropout > 0.0 and not deterministic
+    outs, first = [], 0
+    for g, (n, kv_BxSxD, positions_k_S, mask_TxS) in enumerate(zip(self.heads, kvs, positions_k, masks)):
+      group = slice(first, first + n)
+      first += n
+      empty_T = ~mask_TxS.any(axis=1)
+      if empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
+        mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])
+      q_BxTxnxH = q_BxTxNxH[:, :, group]
+      k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
+      v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)
+      bias = None
+      if cfg.position == "rope":
+        k_BxSxnxH = apply_rope(k_BxSxnxH, positions_k_S, cfg.rope_base)
+      else:
+        project = dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
+        q_BxTxnxH, bias = relative_position_terms(cfg, q_BxTxnxH, u_NxH[group], v_NxH[group], project,
+                                                  positions_q_T, positions_k_S, mask_TxS)
+      out_BxTxnxH = dot_product_attention(
+          q_BxTxnxH, k_BxSxnxH, v_BxSxnxH, mask_TxS, bias, impl=cfg.attention_impl,
+          dropout_rate=cfg.dropout if use_dropout else 0.0,
+          dropout_rng=self.make_rng("dropout") if use_dropout else None)
+      if empty_T.any():
+        out_BxTxnxH = jnp.where(empty_T[None, :, None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)
+      outs.append(out_BxTxnxH)
+    out_BxTxNxH = jnp.concatenate(outs, axis=2)
+    return dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
