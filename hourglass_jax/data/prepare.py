@@ -1,0 +1,46 @@
+"""`hourglass-data prepare NAME`: build a dataset as array_record files and say what was built and where."""
+
+import pathlib
+import time
+
+from hourglass_jax.data import catalog, tfds_io
+
+
+def _disk_bytes(path) -> int:
+  return sum(p.stat().st_size for p in pathlib.Path(path).rglob("*") if p.is_file())
+
+
+def split_summary(name: str, data_dir: str | None) -> list[str]:
+  """One line per split: how many bytes (text) or images, and how many records hold them."""
+  from hourglass_jax.data.byte_stream import ByteStream  # pylint: disable=import-outside-toplevel
+
+  spec, lines = catalog.get(name), []
+  builder = tfds_io.get_builder(name, data_dir)
+  for split in builder.info.splits.keys():
+    records = builder.as_data_source(split=split)
+    if spec.kind == "text":
+      lines.append(f"  {split}: {len(ByteStream(records)):,} bytes in {len(records):,} records")
+    else:
+      shape = "x".join(map(str, records[0]["image"].shape)) if len(records) else "-"
+      lines.append(f"  {split}: {len(records):,} images ({shape})")
+  return lines
+
+
+def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | None = None, log=print) -> str:
+  """Builds `name` (unless already there), logs the splits and the location, and returns the dataset's folder."""
+  spec = catalog.get(name)
+  root = tfds_io.resolve_data_dir(data_dir)
+  builder = tfds_io.get_builder(name, str(root))
+  if builder.is_prepared():
+    log(f"{name} is already prepared at {builder.data_path}; delete that folder to build it again.")
+  else:
+    log(f"preparing {name} into {root} (needs {spec.needs})")
+    start = time.perf_counter()
+    builder = tfds_io.prepare(name, str(root), manual_dir, progress=True)
+    log(f"built {name} in {time.perf_counter() - start:.1f} s")
+  path = builder.data_path
+  log(f"{name} at {path} ({_disk_bytes(path) / 2**20:.1f} MiB on disk, array_record):")
+  for line in split_summary(name, str(root)):
+    log(line)
+  log(f"train on it with --config.data.name={name} --config.data.data_dir={root}")
+  return str(path)

@@ -1,0 +1,170 @@
+"""Random-access sources for the grain pipelines: windows over a split's bytes (TFDS text datasets, or one local
+file read directly), images as whole sequences, and synthetic tokens.
+
+Every source has `len()` and `[i] -> int32[seq_len + 1]` (inputs are item[:-1], targets item[1:]); eval sources
+may add `weights(i) -> float32[seq_len]` (eval_windows.py).
+"""
+
+import functools
+import importlib.util
+import pathlib
+
+import numpy as np
+
+from hourglass_jax.data import catalog
+from hourglass_jax.data.eval_windows import PROTOCOLS, ScoredWindows, protocol_context
+
+DIRECT = ("text_file", "synthetic")  # read without TFDS
+SPLITS = ("train", "valid", "validation", "test")
+SPLIT_FRACTIONS = {"train": (0.0, 0.9), "valid": (0.9, 0.95), "validation": (0.9, 0.95),
+                   "test": (0.95, 1.0)}  # text_file: enwik8's 90/5/5
+
+
+class WindowSource:
+  """Windows of `seq_len + 1` tokens starting every `stride` tokens of a 1-D token array."""
+
+  def __init__(self, tokens: np.ndarray, seq_len: int, stride: int):
+    self.tokens, self.seq_len, self.stride = tokens, seq_len, stride
+    self._len = max(0, (len(tokens) - seq_len - 1) // stride + 1)
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    start = int(index) * self.stride
+    return self.tokens[start:start + self.seq_len + 1].astype(np.int32)
+
+
+class SyntheticSource:
+  """Uniform random tokens, each window drawn from its own seed: for smoke tests and benchmarks."""
+
+  def __init__(self, vocab_size: int, seq_len: int, seed: int, length: int = 1_000_000):
+    self.vocab_size, self.seq_len, self.seed, self._len = vocab_size, seq_len, seed, length
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    rng = np.random.default_rng((self.seed, int(index)))
+    return rng.integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int32)
+
+
+def dataset_kind(name: str) -> str:
+  """'text', 'image' or 'synthetic' for a data.name."""
+  if name == "synthetic":
+    return "synthetic"
+  return "text" if name == "text_file" else catalog.get(name).kind
+
+
+def image_shape(data_cfg) -> tuple[int, int, int] | None:
+  """(H, W, C) of an image dataset's images, None for text."""
+  return None if data_cfg.name in DIRECT else catalog.get(data_cfg.name).image_shape
+
+
+@functools.lru_cache(maxsize=4)
+def _file_bytes(path: str) -> np.ndarray:
+  return np.fromfile(pathlib.Path(path).expanduser(), np.uint8)
+
+
+def _check_split(split: str) -> None:
+  if split not in SPLITS:
+    raise ValueError(f"split {split!r} is unknown; choose one of {', '.join(SPLITS)}.")
+
+
+def split_stream(name: str, path: str, split: str, data_dir: str = ""):
+  """The bytes of one split of a text source, as an array (text_file) or a lazy ByteStream (TFDS datasets)."""
+  _check_split(split)
+  if name == "text_file":
+    data = _file_bytes(path)
+    lo, hi = SPLIT_FRACTIONS[split]
+    return data[int(len(data) * lo):int(len(data) * hi)]
+  if dataset_kind(name) != "text":
+    raise ValueError(f"data.name={name!r} is an image dataset, not a byte stream.")
+  from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel  (TFDS import costs ~1 s)
+  from hourglass_jax.data.byte_stream import ByteStream  # pylint: disable=import-outside-toplevel
+
+  return ByteStream(tfds_io.open_split(name, split, data_dir))
+
+
+def split_tokens(name: str, path: str, split: str, data_dir: str = "") -> np.ndarray:
+  """All bytes of one split of a text source as uint8 (stdlib_text / text_files: split by document; enwik8 and
+  text_file: 90/5/5 in order)."""
+  return np.asarray(split_stream(name, path, split, data_dir), np.uint8)
+
+
+def _int_field(data_cfg, field: str, minimum: int):
+  value = data_cfg.get(field, 0)
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(f"data.{field}={value!r} must be an integer >= {minimum}.")
+  return value
+
+
+def eval_geometry(data_cfg) -> tuple[int, int]:
+  """(window, context) of the configured text eval protocol (eval_windows.py)."""
+  window = data_cfg.get("eval_seq_len", 0) or data_cfg.seq_len
+  return window, protocol_context(data_cfg.get("eval_protocol", "windows"), window, data_cfg.get("eval_context", 0))
+
+
+def check_data_config(data_cfg, vocab_size: int) -> None:
+  """Source name, vocabulary, lengths and eval protocol, checked before anything is built or read."""
+  name = data_cfg.name
+  if name not in DIRECT and name not in catalog.DATASETS:
+    raise ValueError(f"data.name={name!r} is unknown; choose one of {', '.join((*catalog.DATASETS, *DIRECT))} "
+                     "(e.g. --config.data.name=stdlib_text, the offline corpus).")
+  if name == "text_file" and not pathlib.Path(data_cfg.path).expanduser().is_file():
+    raise FileNotFoundError(f"data.name='text_file' needs data.path to name a readable file; got "
+                            f"data.path={data_cfg.path!r}.")
+  if name != "synthetic" and vocab_size < 256:
+    raise ValueError(f"data.name={name!r} yields bytes 0..255 but model.vocab_size={vocab_size}; "
+                     "set model.vocab_size=256.")
+  for field in ("seq_len", "batch_size"):
+    _int_field(data_cfg, field, 1)
+  for field in ("train_stride", "eval_seq_len", "eval_context"):
+    _int_field(data_cfg, field, 0)
+  if data_cfg.eval_split not in SPLITS:
+    raise ValueError(f"data.eval_split={data_cfg.eval_split!r}; choose one of {', '.join(SPLITS)}.")
+  if data_cfg.get("eval_protocol", "windows") not in PROTOCOLS:
+    raise ValueError(f"data.eval_protocol={data_cfg.eval_protocol!r}; choose one of {', '.join(PROTOCOLS)}.")
+  if name == "digits" and importlib.util.find_spec("sklearn") is None:
+    raise ValueError("data.name='digits' needs scikit-learn, which ships the digits: pip install "
+                     "'hourglass-jax[images]' (or pip install scikit-learn).")
+  shape = image_shape(data_cfg)
+  if shape is not None:
+    if data_cfg.seq_len != int(np.prod(shape)):
+      raise ValueError(f"data.seq_len={data_cfg.seq_len} but {name} images are {'x'.join(map(str, shape))} = "
+                       f"{int(np.prod(shape))} values; set data.seq_len={int(np.prod(shape))} (an image is one "
+                       "whole sequence).")
+  elif name != "synthetic":
+    eval_geometry(data_cfg)
+
+
+def make_source(data_cfg, split: str, vocab_size: int, seed: int, *, eval_windows: bool = False):
+  """The source of `split`: training windows at data.train_stride (0 = seq_len / 4), or with eval_windows the
+  configured eval protocol's windows, which score every byte but the first once; images are whole sequences."""
+  name, seq_len = data_cfg.name, data_cfg.seq_len
+  if name == "synthetic":
+    return SyntheticSource(vocab_size, seq_len, seed + 1 + SPLITS.index(split))
+  data_dir = data_cfg.get("data_dir", "")
+  if dataset_kind(name) == "image":
+    from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel
+    from hourglass_jax.data.image_source import ImageSource  # pylint: disable=import-outside-toplevel
+
+    source = ImageSource(tfds_io.open_split(name, split, data_dir))
+    if source.seq_len != seq_len:
+      raise ValueError(f"{name} {split} images are {'x'.join(map(str, source.shape))} = {source.seq_len} values "
+                       f"but data.seq_len={seq_len}; set data.seq_len={source.seq_len}.")
+    return source
+  tokens = split_stream(name, data_cfg.path, split, data_dir)
+  if eval_windows:
+    window, context = eval_geometry(data_cfg)
+    if len(tokens) < window + 1:
+      raise ValueError(f"the {split} split of data.name={name!r} ({len(tokens):,} bytes) is shorter than one eval "
+                       f"window + 1 = {window + 1} bytes; lower data.eval_seq_len / data.seq_len or use a larger "
+                       "corpus.")
+    return ScoredWindows(tokens, window, context)
+  stride = data_cfg.get("train_stride", 0) or max(1, seq_len // 4)
+  source = WindowSource(tokens, seq_len, stride)
+  if not len(source):
+    raise ValueError(f"the {split} split of data.name={name!r} ({len(tokens):,} bytes) is shorter than data.seq_len "
+                     f"+ 1 = {seq_len + 1} bytes; lower data.seq_len or use a larger corpus.")
+  return source

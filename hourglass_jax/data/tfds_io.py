@@ -1,0 +1,123 @@
+"""Building and opening TFDS datasets without TensorFlow: array_record files, read with `as_data_source`."""
+
+import contextlib
+import fcntl
+import functools
+import io
+import logging
+import os
+import pathlib
+
+import requests
+import tensorflow_datasets as tfds
+
+from hourglass_jax.data import catalog
+from hourglass_jax.data.no_tensorflow import without_tensorflow
+# Importing the builders registers them with TFDS under their names.
+from hourglass_jax.data import digits, enwik8, text_files  # noqa: F401  pylint: disable=unused-import
+
+SPLIT_ALIASES = {"valid": "validation"}
+
+
+_NOT_NEWS = ("Variant folder %s has no",  # every check of a dataset not prepared yet: the caller builds it or says how
+             "OpenCV is not installed")  # PIL decodes the images instead, as intended
+
+
+def _drop_noise(record) -> bool:
+  return not str(record.msg).startswith(_NOT_NEWS)
+
+
+logging.getLogger("absl").addFilter(_drop_noise)
+
+
+def resolve_data_dir(data_dir: str | None) -> pathlib.Path:
+  """data.data_dir, or TFDS's default ($TFDS_DATA_DIR, else ~/tensorflow_datasets) when empty."""
+  return pathlib.Path(data_dir or os.environ.get("TFDS_DATA_DIR") or tfds.core.constants.DATA_DIR).expanduser()
+
+
+def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetBuilder:
+  return tfds.builder(name, data_dir=os.fspath(resolve_data_dir(data_dir)), **kwargs)
+
+
+@contextlib.contextmanager
+def _build_lock(root: pathlib.Path, name: str):
+  """One build of a dataset at a time per data dir (several processes of one host may start together)."""
+  root.mkdir(parents=True, exist_ok=True)
+  with open(root / f".{name.replace('/', '_')}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None, *,
+            builder_kwargs: dict | None = None, progress: bool = True) -> tfds.core.DatasetBuilder:
+  """Builds `name` into `data_dir` as array_record files (a no-op when it is already there) and returns its builder.
+
+  TFDS writes into a temporary `incomplete.*` folder and renames it only when every split is written, so a failed
+  or interrupted build never leaves a dataset that loads as complete.
+  """
+  spec = catalog.get(name)
+  catalog.check_manual_files(spec, manual_dir)
+  kwargs = dict(builder_kwargs or {})
+  download_config = None
+  if name == "text_files":
+    if manual_dir:
+      kwargs.setdefault("paths", [manual_dir])
+  elif manual_dir:
+    download_config = tfds.download.DownloadConfig(manual_dir=os.fspath(pathlib.Path(manual_dir).expanduser()))
+    if name == "enwik8":
+      kwargs.setdefault("allow_download", False)  # the user said where the file is: do not go online
+  root = resolve_data_dir(data_dir)
+  with _build_lock(root, name):
+    builder = get_builder(name, os.fspath(root), file_format="array_record", **kwargs)
+    if builder.is_prepared():
+      return builder
+    if name == "text_files" and not kwargs.get("paths"):
+      raise ValueError("text_files: no input given; name the text with "
+                       "`hourglass-data prepare text_files --manual_dir=FILE_OR_FOLDER`.")
+    toggle = tfds.enable_progress_bar if progress else tfds.disable_progress_bar
+    toggle()
+    try:
+      with without_tensorflow(builder):
+        builder.download_and_prepare(download_config=download_config)
+    except (tfds.core.download.DownloadError, requests.RequestException) as error:
+      files = " and ".join(f for f, _ in spec.manual_files) or "the source files"
+      raise FileNotFoundError(f"{name}: download failed ({error}). Put {files} in a folder and pass "
+                              f"--manual_dir=FOLDER ({spec.needs}).") from error
+    finally:
+      tfds.enable_progress_bar()
+  return builder
+
+
+def _split_name(builder, split: str) -> str:
+  available = list(builder.info.splits.keys())
+  resolved = SPLIT_ALIASES.get(split, split)
+  if available and resolved not in available:  # (no split list: TFDS's mock data in tests)
+    raise ValueError(f"{builder.name} has no {split!r} split; it has {', '.join(available)} (set data.eval_split).")
+  return resolved
+
+
+@functools.lru_cache(maxsize=16)
+def open_split(name: str, split: str, data_dir: str = ""):
+  """Random-access records of one split (an ArrayRecordDataSource). Offline datasets are built on first use;
+  the others must have been prepared."""
+  spec = catalog.get(name)
+  root = resolve_data_dir(data_dir)
+  builder = get_builder(name, os.fspath(root))
+  if not builder.is_prepared():
+    if not spec.automatic:
+      raise FileNotFoundError(
+          f"data.name={name!r} is not prepared under {root} (data.data_dir). Prepare it first: `hourglass-data "
+          f"prepare {name} --data_dir={root}` (needs {spec.needs}).")
+    print(f"building {name} into {root} (first use; offline, once per data dir)")
+    with contextlib.redirect_stdout(io.StringIO()):  # TFDS's "Downloading and preparing" lines: nothing downloads
+      builder = prepare(name, os.fspath(root), progress=False)
+  split = _split_name(builder, split)
+  try:
+    return builder.as_data_source(split=split)
+  except NotImplementedError as error:  # TFDS's answer for a TFRecord-format dataset
+    raise ValueError(f"{name} under {root} cannot be read by random access ({error}); it was probably prepared as "
+                     f"TFRecord: prepare it again as array_record with `hourglass-data prepare {name} "
+                     f"--data_dir=NEW_DIR`.") from error

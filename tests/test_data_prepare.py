@@ -1,0 +1,34 @@
+"""`hourglass-data prepare NAME`: builds, says what was built and where, and ends bad input with its message."""
+
+import subprocess
+import sys
+
+
+def _data(*args):
+  return subprocess.run([sys.executable, "-c", "from hourglass_jax.main import data_entry; data_entry()", *args],
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_prepare_builds_and_reports_splits_and_location(tmp_path):
+  folder = tmp_path / "docs"
+  folder.mkdir()
+  for i in range(4):
+    (folder / f"{i}.txt").write_text(f"text number {i}\n" * 50)
+  done = _data("prepare", "text_files", f"--manual_dir={folder}", f"--data_dir={tmp_path / 'tfds'}")
+  assert done.returncode == 0, done.stderr
+  assert f"text_files at {tmp_path / 'tfds' / 'text_files' / '1.0.0'}" in done.stdout
+  assert "train: " in done.stdout and "validation: " in done.stdout and " bytes in " in done.stdout
+  assert "--config.data.name=text_files" in done.stdout
+  again = _data("prepare", "text_files", f"--manual_dir={folder}", f"--data_dir={tmp_path / 'tfds'}")
+  assert "already prepared" in again.stdout
+
+
+def test_prepare_ends_bad_input_with_the_fix(tmp_path):
+  missing = _data("prepare", "enwik8", f"--manual_dir={tmp_path / 'manual'}", f"--data_dir={tmp_path / 'tfds'}")
+  assert missing.returncode != 0
+  assert "error: enwik8: enwik8.zip is not in the manual directory" in missing.stderr
+  assert "Download http://mattmahoney.net/dc/enwik8.zip" in missing.stderr
+  imagenet = _data("prepare", "downsampled_imagenet/32x32", f"--data_dir={tmp_path / 'tfds'}")
+  assert "cannot be downloaded automatically: get train_32x32.tar and valid_32x32.tar" in imagenet.stderr
+  usage = _data("prepare")
+  assert usage.returncode != 0 and "usage: hourglass-data prepare NAME" in usage.stderr
