@@ -2,6 +2,19 @@
 
 import ml_collections
 
+# Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
+# logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
+# 'embed' dimension over fsdp (ZeRO-3 style) and heads / mlp / vocab over tensor (Megatron style).
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+)
+
 
 def base_config() -> ml_collections.ConfigDict:
   """Defaults for every section; config files override what their experiment changes."""
@@ -10,16 +23,32 @@ def base_config() -> ml_collections.ConfigDict:
   cfg.model = ml_collections.ConfigDict(dict(
       kind="hourglass", vocab_size=256, d_model=512, num_heads=8, d_ff=2048, hierarchy="5@1 24@3 5@1",
       shorten="attention_avg", upsample="attention_repeat", position="rope", dropout=0.0, dtype="float32",
-      attention_impl="auto"))
+      attention_impl="auto",
+      # Multi-scale kinds (topdown, bottomup, retina) only; see hourglass_jax/model/scales.py.
+      scales="64,16,4,1", layers_per_scale="2,4,8,12", heads_per_scale="", downsampler="avg",
+      upsampler="transposed_conv", retina_windows=""))
 
+  # name: a TFDS dataset ('stdlib_text' = embedded offline corpus, 'enwik8', 'text_files', 'digits' = offline
+  # images, 'cifar10', 'downsampled_imagenet/32x32' | '/64x64'; see hourglass_jax/data/catalog.py) read from
+  # data_dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets), or 'text_file' (data.path, read directly) |
+  # 'synthetic' (random tokens, benchmarks). train_stride 0 = seq_len / 4. batch_size is global (all devices).
+  # eval_protocol: 'windows' (non-overlapping) | 'sliding' (stride W/2, score the last W/2) | 'long_context'
+  # (score the last W - eval_context of each window), over windows of eval_seq_len (0 = seq_len); images are
+  # whole sequences. eval_batches: batches per evaluation, 0 = the whole split.
   cfg.data = ml_collections.ConfigDict(dict(
-      name="stdlib_text", seq_len=256, train_stride=64, batch_size=8))
+      name="stdlib_text", path="", data_dir="", seq_len=256, train_stride=64, batch_size=8, eval_split="valid",
+      eval_batches=0, eval_protocol="windows", eval_seq_len=0, eval_context=0))
 
+  # schedule: 'cosine' | 'rsqrt' | 'constant', each after a linear warmup from 0. grad_clip_norm 0 = off.
+  # peak_flops_per_device: for MFU; 0 = look the device up (GPU/TPU) or measure a float32 matmul (CPU).
   cfg.train = ml_collections.ConfigDict(dict(
-      steps=1000, learning_rate=1e-3, schedule="cosine", warmup_steps=100, b1=0.9, b2=0.98, eps=1e-9,
-      weight_decay=0.0, grad_clip_norm=1.0, seed=0, log_every=10, eval_every=200))
+      steps=1000, learning_rate=1e-3, schedule="cosine", warmup_steps=100, min_lr_ratio=0.0, b1=0.9, b2=0.98,
+      eps=1e-9, weight_decay=0.0, grad_clip_norm=1.0, grad_accum_steps=1, remat=False, seed=0, log_every=10,
+      eval_every=200, sample_bytes=0, peak_flops_per_device=0.0))
 
-  cfg.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Mesh axis sizes, -1 = all remaining devices; `rules` maps logical axes to mesh axes.
+  cfg.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules=DEFAULT_RULES))
 
-  cfg.checkpoint = ml_collections.ConfigDict(dict(every_steps=200, keep=3))
+  # every_steps 0 = save only at the end and on preemption; keep = how many of the latest checkpoints stay.
+  cfg.checkpoint = ml_collections.ConfigDict(dict(every_steps=200, keep=3, async_save=True))
   return cfg

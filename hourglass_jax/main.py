@@ -1,28 +1,106 @@
-"""Command-line entry points (absl flags + ml_collections config files)."""
+"""Command-line entry points (absl flags + ml_collections config files): hourglass-train, hourglass-eval."""
 
 import logging
 import os
+import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs.")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file (optionally :preset).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
+_SPLIT = flags.DEFINE_string("split", None, "hourglass-eval: split to evaluate (default data.eval_split).")
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                                 "Call jax.distributed.initialize: auto = when a coordinator is given or a "
+                                 "cluster (TPU pod, SLURM, MPI) is detected.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for manual launches.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes, for manual launches.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, for manual launches.")
+
+
+def _parse_flags(argv):
+  """absl's parser; a bad --config override (unknown key, wrong type) ends with config_flags' message."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError, TypeError, ValueError) as error:
+    message = " ".join(str(error).replace("\\n", " ").replace("\\'", "").strip("'\"").split())
+    sys.exit(f"error: bad --config override: {message}")
+
+
+def _setup(level=absl_logging.WARNING):
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU hosts
+  if not flags.FLAGS["verbosity"].present:
+    absl_logging.set_verbosity(level)  # Orbax logs every file it writes at INFO
+  from hourglass_jax import distributed
+
+  distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+
+
+def _run(fn):
+  """Runs fn(); configuration and training faults end the program with their message instead of a traceback
+  (pass --verbosity=0 or higher to see the traceback too)."""
+  from hourglass_jax.train.checks import TrainError
+
+  try:
+    return fn()
+  except (ValueError, TrainError, FileNotFoundError) as error:
+    if flags.FLAGS["verbosity"].present:
+      raise
+    sys.exit(f"error: {error}")
 
 
 def _train(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU hosts
-  from hourglass_jax.train.smoke import train_smoke
+  _setup()
+  from hourglass_jax.train.loop import train_and_evaluate
 
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  train_smoke(_CONFIG.value)
+  _run(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+
+
+def _eval(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
+  from hourglass_jax.train.evaluate import evaluate_checkpoint
+
+  _run(lambda: evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
 
 
 def train_entry():
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(_train)
+  app.run(_train, flags_parser=_parse_flags)
+
+
+def eval_entry():
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(_eval, flags_parser=_parse_flags)
+
+
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "hourglass-data: TFDS data directory (default $TFDS_DATA_DIR, "
+                                "else ~/tensorflow_datasets).")
+_MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "hourglass-data: folder of manually downloaded files "
+                                  "(text_files: the text file or folder itself).")
+
+
+def _data(argv):
+  if len(argv) != 3 or argv[1] != "prepare":
+    from hourglass_jax.data.catalog import DATASETS
+
+    raise app.UsageError(f"usage: hourglass-data prepare NAME [--manual_dir=DIR] [--data_dir=DIR]; NAME is one of "
+                         f"{', '.join(DATASETS)}.")
+  if not flags.FLAGS["verbosity"].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+  from hourglass_jax.data.prepare import prepare_command
+
+  _run(lambda: prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value))
+
+
+def data_entry():
+  app.run(_data, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,9 @@
-"""The main job's command line runs end to end on the tiny config and learns."""
-
-import subprocess
-import sys
+"""The command lines run end to end: hourglass-train trains, checkpoints and logs; hourglass-eval scores it."""
 
 import numpy as np
 
 from hourglass_jax.data.embedded import stdlib_bytes
-from tests.test_model import CONFIGS, load_config
+from tests.train_util import run, train_command
 
 
 def test_embedded_corpus_is_real_text():
@@ -15,28 +12,20 @@ def test_embedded_corpus_is_real_text():
   assert b"def " in corpus.tobytes()
 
 
-def test_smoke_training_lowers_the_eval_loss():
-  from hourglass_jax.train.smoke import train_smoke
+def test_train_then_eval_commands(tmp_path):
+  train = run(train_command(tmp_path, "--config.train.steps=3"))
+  assert train.returncode == 0, train.stderr[-3000:]
+  for expected in ("params", "GFLOPs/step", "MiB/device", "step 3: valid bits/byte", "tokens/s"):
+    assert expected in train.stdout, train.stdout
+  assert (tmp_path / "checkpoints" / "3" / "state").is_dir()
+  assert list(tmp_path.glob("events.out.tfevents.*"))
 
-  cfg = load_config("tiny")
-  cfg.train.steps = 40
-  result = train_smoke(cfg, log=lambda _: None)
-  assert result["last_eval_loss"] < result["first_eval_loss"] - 0.5
-  assert np.isfinite(result["tokens_per_second"])
-
-
-def test_train_command_runs(tmp_path):
-  command = [sys.executable, "-m", "hourglass_jax.main", f"--config={CONFIGS / 'tiny.py'}",
-             f"--workdir={tmp_path}", "--config.train.steps=3", "--config.model.hierarchy=1@1 1@2 1@1"]
-  run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0, run.stderr[-2000:]
-  assert "68,288 params" not in run.stdout and "params" in run.stdout
-  assert "eval bits/byte" in run.stdout
+  evaluate = run(train_command(tmp_path, "--split=test", entry="eval_entry"))
+  assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+  assert "step 3: test bits/byte" in evaluate.stdout
 
 
 def test_train_command_rejects_a_bad_override(tmp_path):
-  command = [sys.executable, "-m", "hourglass_jax.main", f"--config={CONFIGS / 'tiny.py'}",
-             f"--workdir={tmp_path}", "--config.model.hierarchy=1@1 2@3 2@3 1@1"]
-  run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-  assert run.returncode != 0
-  assert "model.hierarchy='1@1 2@3 2@3 1@1'" in run.stderr
+  bad = run(train_command(tmp_path, "--config.model.kind=hourglass", "--config.model.hierarchy=1@1 2@3 2@3 1@1"))
+  assert bad.returncode != 0
+  assert "model.hierarchy='1@1 2@3 2@3 1@1'" in bad.stderr

@@ -87,7 +87,7 @@ def test_build_model_accepts_config_dict_dict_and_dataclass():
     assert build_model(form).cfg == ModelConfig.from_dict(section)
 
 
-@pytest.mark.parametrize("name", ["default", "tiny", "enwik8", "imagenet32", "imagenet64", "cifar10"])
+@pytest.mark.parametrize("name", ["default", "tiny", "enwik8", "imagenet32", "imagenet64", "cifar10", "digits"])
 def test_config_files_have_every_section_and_exact_analytic_param_count(name):
   cfg = load_config(name)
   for section in ("model", "data", "train", "mesh", "checkpoint"):

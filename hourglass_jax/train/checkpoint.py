@@ -1,0 +1,148 @@
+"""Orbax checkpoints of the train state and data position (plus the model config as metadata): async saves
+every N steps and on preemption, the latest N kept, restored onto whatever mesh the current run has, unreadable
+ones skipped."""
+
+import errno
+import json
+import pathlib
+import time
+
+import jax
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint import checkpoint_managers as policies
+
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.state import TrainState
+
+
+def _is_disk_full(error: BaseException | None) -> bool:
+  while error is not None:
+    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+  """{'params/body/.../kernel': shape} for arrays or their metadata, whatever the container types."""
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+class Checkpoints:
+  """A CheckpointManager under `directory`; use as a context manager. `read_only` (evaluation) never writes,
+  deletes or moves anything, so it can watch the workdir of a run in progress."""
+
+  def __init__(self, directory, every_steps: int = 0, keep: int = 3, async_save: bool = True, log=print,
+               read_only: bool = False):
+    self.directory, self.log, self.read_only = pathlib.Path(directory).absolute(), log, read_only
+    save_policies = [policies.PreemptionCheckpointingPolicy()]
+    if every_steps:
+      save_policies.append(policies.FixedIntervalPolicy(every_steps))
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=policies.AnySavePolicy(save_policies), preservation_policy=policies.LatestN(keep),
+        enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
+        create=not read_only)
+    handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+  def __enter__(self):
+    self.manager.__enter__()
+    return self
+
+  def __exit__(self, *exc):
+    try:
+      self.wait()
+    finally:
+      self.manager.__exit__(*exc)
+
+  def should_save(self, step: int) -> bool:
+    return self.manager.should_save(step)
+
+  def reached_preemption(self, step: int) -> bool:
+    return self.manager.reached_preemption(step)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def save(self, step: int, state: TrainState, data_state: dict, config: dict, force: bool = False) -> bool:
+    """Starts an (async) save of `step`; a full disk raises TrainError, earlier checkpoints stay intact."""
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+    return self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=config))
+
+  def wait(self) -> None:
+    """Blocks until pending saves are on disk."""
+    self._guard(None, self.manager.wait_until_finished)
+
+  def _guard(self, step, fn):
+    try:
+      return fn()
+    except Exception as error:
+      if not _is_disk_full(error):
+        raise
+      kept = [s for s in self.all_steps() if s != step]
+      raise TrainError(f"saving checkpoint{'' if step is None else f' step {step}'} under {self.directory} failed:"
+                       f" no space left on device. Earlier checkpoints {kept or '(none)'} are intact; free disk "
+                       "space or point --workdir elsewhere, then rerun the same command to resume.") from error
+
+  def restore_latest(self, abstract: TrainState, config: dict):
+    """(state, data_state, step) of the newest readable checkpoint onto `abstract`'s shardings, or None.
+
+    A checkpoint of a different model or optimizer raises TrainError; an unreadable one is reported, moved aside
+    to checkpoints_unreadable/ (unless read-only) and the previous one is tried.
+    """
+    for step in reversed(self.all_steps()):
+      self.check_compatible(step, abstract, config)
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+      except Exception as error:  # after the structure check, a failure means damaged or missing files
+        older = [s for s in self.all_steps() if s < step]
+        self.log(f"checkpoint step {step} under {self.directory} is unreadable ({type(error).__name__}: "
+                 f"{str(error).splitlines()[0][:200]}); {'skipping' if self.read_only else 'moving it aside'} and "
+                 f"falling back to {f'step {older[-1]}' if older else 'a fresh start'}.")
+        self._move_aside(step)
+        continue
+      return restored.state, restored.data, step
+    return None
+
+  def check_compatible(self, step: int | None, abstract: TrainState, config: dict) -> None:
+    """Raises TrainError when checkpoint `step` (default: the newest) holds arrays of other names or shapes."""
+    step = step if step is not None else (self.all_steps() or [None])[-1]
+    if step is None:
+      return
+    try:
+      saved_model = (self.manager.metadata(step).custom_metadata or {}).get("model", {})
+      saved = _shapes(self.manager.item_metadata(step)["state"].tree)
+    except Exception:
+      return  # unreadable: restore_latest reports it and falls back
+    now = _shapes(abstract)
+    if saved == now:
+      return
+    fields = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r}, config {v!r}"
+                       for k, v in config["model"].items() if k in saved_model and saved_model[k] != v)
+    examples = sorted(set(saved.items()) ^ set(now.items()))[:4]
+    if {k: v for k, v in saved.items() if k.startswith("params/")} != {
+        k: v for k, v in now.items() if k.startswith("params/")}:
+      what = f"a different model shape ({fields or 'parameter shapes differ'})"
+    else:
+      what = "the same model but a different optimizer state (did train.grad_clip_norm or the optimizer change?)"
+    raise TrainError(f"{self.directory} holds checkpoints (latest step {step}) of {what}; differing arrays, e.g. "
+                     f"{examples}. Use a new --workdir for this configuration, or rerun with the settings the "
+                     "checkpoint was trained with. The existing checkpoints were left untouched.")
+
+  def _move_aside(self, step: int) -> None:
+    if self.read_only:
+      return
+    if jax.process_index() == 0:
+      aside = self.directory.parent / "checkpoints_unreadable"
+      aside.mkdir(exist_ok=True)
+      (self.directory / str(step)).rename(aside / f"{step}-{int(time.time())}")
+    multihost_utils.sync_global_devices(f"checkpoint_moved_aside_{step}")
+    self.manager.reload()
+
+
+def config_record(cfg) -> dict:
+  """What a checkpoint records about its run (its model settings, named in mismatch messages)."""
+  return json.loads(json.dumps({"model": cfg.model.to_dict(), "seq_len": cfg.data.seq_len}))

@@ -1,0 +1,74 @@
+"""Everything checkable about a run before anything compiles: config keys and values, mesh, batch split."""
+
+import difflib
+
+import ml_collections
+
+from hourglass_jax.config_base import base_config
+from hourglass_jax.data.sources import check_data_config
+
+SCHEDULES = ("cosine", "rsqrt", "constant")
+
+
+class TrainError(RuntimeError):
+  """A fault during training (NaN loss, unreadable or mismatched checkpoint, full disk, too little memory)."""
+
+
+def check_known_keys(cfg: ml_collections.ConfigDict) -> None:
+  """Every key of the data/train/mesh/checkpoint sections must exist in the base config (typos are caught)."""
+  base = base_config()
+  for section in base.keys():
+    if section not in cfg:
+      raise ValueError(f"config has no {section!r} section; start config files from config_base.base_config().")
+  for section in cfg.keys():
+    if section not in base:
+      raise ValueError(f"config section {section!r} is unknown{_suggest(section, base.keys())}; sections are "
+                       f"{', '.join(base.keys())}.")
+    if section == "model":
+      continue  # validated by the model's own config class, which knows each model kind's fields
+    for key in cfg[section].keys():
+      if key not in base[section]:
+        raise ValueError(f"{section}.{key} is not a known setting{_suggest(key, base[section].keys())}; "
+                         f"{section} has {', '.join(sorted(base[section].keys()))}.")
+
+
+def _suggest(name: str, choices) -> str:
+  close = difflib.get_close_matches(name, list(choices), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _positive(section: str, cfg, *fields: str, allow_zero: bool = False) -> None:
+  for field in fields:
+    value = cfg[field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+      raise ValueError(f"{section}.{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}.")
+
+
+def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
+  """Keys, value ranges and choices of the non-model sections."""
+  check_known_keys(cfg)
+  check_data_config(cfg.data, vocab_size)
+  train = cfg.train
+  if train.schedule not in SCHEDULES:
+    raise ValueError(f"train.schedule={train.schedule!r}; choose one of {', '.join(SCHEDULES)}.")
+  _positive("train", train, "steps", "learning_rate", "grad_accum_steps", "log_every")
+  _positive("train", train, "warmup_steps", "weight_decay", "grad_clip_norm", "eval_every", "sample_bytes",
+            "peak_flops_per_device", "min_lr_ratio", allow_zero=True)
+  _positive("checkpoint", cfg.checkpoint, "keep")
+  _positive("checkpoint", cfg.checkpoint, "every_steps", allow_zero=True)
+  _positive("data", cfg.data, "eval_batches", allow_zero=True)
+  if cfg.data.batch_size % train.grad_accum_steps:
+    raise ValueError(f"data.batch_size={cfg.data.batch_size} is not divisible by train.grad_accum_steps="
+                     f"{train.grad_accum_steps}; each micro-batch must have the same size.")
+
+
+def check_batch_split(cfg: ml_collections.ConfigDict, parallelism: int, process_count: int) -> None:
+  """The (micro-)batch must split evenly over the data-parallel devices and the processes."""
+  micro = cfg.data.batch_size // cfg.train.grad_accum_steps
+  if micro % parallelism:
+    fix = (f"use a multiple of {parallelism * cfg.train.grad_accum_steps}" if cfg.train.grad_accum_steps > 1
+           else f"use a multiple of {parallelism}")
+    raise ValueError(f"data.batch_size={cfg.data.batch_size} (micro-batch {micro}) is not divisible by the "
+                     f"{parallelism} data-parallel devices (mesh data x fsdp); {fix} or change the mesh.")
+  if cfg.data.batch_size % process_count:
+    raise ValueError(f"data.batch_size={cfg.data.batch_size} is not divisible by the {process_count} processes.")

@@ -1,0 +1,77 @@
+"""Bits per byte (text) or per dim (images) over a whole held-out split under the configured eval protocol, and
+`hourglass-eval`'s evaluation of a checkpoint."""
+
+import math
+import pathlib
+import weakref
+
+import jax
+import ml_collections
+
+from hourglass_jax import sharding
+from hourglass_jax.data import pipeline, sources
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.step import token_losses
+from hourglass_jax.train.trainer import Trainer
+
+_STEPS = weakref.WeakKeyDictionary()  # trainer -> its jitted per-position weighted eval step
+
+
+def weighted_eval_step(trainer: Trainer):
+  """`step(params, tokens_BxL1, weights_BxL) -> {loss_sum, tokens}`: only predictions with weight 1 count, so
+  overlapping eval windows (sliding, long_context) score each byte once."""
+  if trainer not in _STEPS:
+    def eval_step(params, tokens_BxL1, weights_BxL):
+      losses_BxL = token_losses(trainer.model, params, tokens_BxL1, trainer.rules)
+      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum())
+
+    _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
+        trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding))
+  return _STEPS[trainer]
+
+
+def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict:
+  """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0)."""
+  source = trainer.eval_source(split)
+  batches = pipeline.num_eval_batches(source, trainer.batch_size, max_batches)
+  step, outs = weighted_eval_step(trainer), []
+  for tokens, weights in pipeline.eval_iterator(source, trainer.batch_size, trainer.rows, max_batches):
+    outs.append(step(params, trainer.global_array(tokens), trainer.global_array(weights)))
+  # Summed on the host in float64: float32 counts stop being exact past 2^24 tokens (a 90M-byte split).
+  total = {key: sum(float(out[key]) for out in sharding.to_host(outs)) for key in ("loss_sum", "tokens")}
+  loss = total["loss_sum"] / max(total["tokens"], 1.0)
+  data = trainer.cfg.data
+  kind = sources.dataset_kind(data.name)
+  protocol = "images" if kind == "image" else data.get("eval_protocol", "windows")
+  return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches,
+              windows=min(len(source), batches * trainer.batch_size), whole_split=batches * trainer.batch_size
+              >= len(source), unit="dim" if kind == "image" else "byte", protocol=protocol)
+
+
+def describe(result: dict, split: str) -> str:
+  scope = "whole split" if result["whole_split"] else f"first {result['batches']} batches"
+  what = "images" if result.get("protocol") == "images" else f"{result.get('protocol', 'windows')} windows"
+  return (f"{split} bits/{result.get('unit', 'byte')} {result['bits']:.4f} (loss {result['loss']:.4f} nats; "
+          f"{result['windows']:,} {what}, {result['tokens']:,} scored tokens, {scope})")
+
+
+def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str | None = None,
+                        log=print) -> dict:
+  """Restores the newest checkpoint in `workdir` onto this host's devices and evaluates it on `split`."""
+  mesh = sharding.make_mesh(cfg.mesh)
+  trainer = Trainer(cfg, mesh)
+  split = split or cfg.data.eval_split
+  directory = pathlib.Path(workdir) / "checkpoints"
+  if not directory.is_dir():
+    raise TrainError(f"no checkpoints under {directory}; train first with hourglass-train --workdir={workdir}.")
+  with jax.set_mesh(mesh):
+    with Checkpoints(directory, log=log, read_only=True) as checkpoints:
+      restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    if restored is None:
+      raise TrainError(f"no checkpoint under {workdir}/checkpoints; train first with hourglass-train "
+                       f"--workdir={workdir}.")
+    state, _, step = restored
+    result = evaluate(trainer, state.params, split, cfg.data.eval_batches)
+  log(f"step {step}: {describe(result, split)}")
+  return dict(result, step=step)

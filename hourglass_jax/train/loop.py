@@ -1,0 +1,168 @@
+"""The training loop: resume, train with progress and summaries, evaluate, checkpoint, stop cleanly on NaN or
+SIGTERM. Metrics are fetched one step late, so the host never waits for the device it is feeding."""
+
+import math
+import pathlib
+import sys
+import time
+
+import jax
+import ml_collections
+from tqdm import tqdm
+
+from hourglass_jax import distributed, sharding
+from hourglass_jax.data import sources
+from hourglass_jax.train import metrics as metrics_lib
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.evaluate import describe, evaluate
+from hourglass_jax.train.preemption import SigtermFlag
+from hourglass_jax.train.report import report_compiled
+from hourglass_jax.train.sample import sample_bytes
+from hourglass_jax.train.trainer import Trainer
+
+
+def log_main(message: str) -> None:
+  """Prints on process 0 only, above the progress bar; flushed, so piped logs (pods, SLURM) stay current."""
+  if jax.process_index() == 0:
+    tqdm.write(message)
+    sys.stdout.flush()
+
+
+class _Meter:
+  """Running loss / grad norm and wall time over the steps since the last log line."""
+
+  def __init__(self):
+    self.steps_total, self.seconds_total = 0, 0.0
+    self.reset()
+
+  def reset(self):
+    self.start, self.steps, self.loss, self.grad_norm = time.perf_counter(), 0, 0.0, 0.0
+
+  def add(self, loss: float, grad_norm: float):
+    self.steps, self.loss, self.grad_norm = self.steps + 1, self.loss + loss, self.grad_norm + grad_norm
+
+  def flush(self) -> tuple[float, float, float]:
+    """(mean loss, mean grad norm, seconds per step) of the window, then starts a new window."""
+    seconds = time.perf_counter() - self.start
+    self.steps_total, self.seconds_total = self.steps_total + self.steps, self.seconds_total + seconds
+    out = self.loss / self.steps, self.grad_norm / self.steps, seconds / self.steps
+    self.reset()
+    return out
+
+
+def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None, log=log_main) -> dict:
+  """Trains `cfg` in `workdir` (resuming from its newest checkpoint) and returns a summary of this call:
+  losses per step, last eval, throughput, and whether it finished or stopped for preemption."""
+  workdir = pathlib.Path(workdir)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
+  with jax.set_mesh(mesh), SigtermFlag() as sigterm, Checkpoints(
+      workdir / "checkpoints", cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.async_save,
+      log) as checkpoints:
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    if restored and restored[2] >= cfg.train.steps:
+      log(f"{checkpoints.directory} already holds step {restored[2]} >= train.steps={cfg.train.steps}: nothing "
+          "to train. Raise --config.train.steps to continue, use a new --workdir to start over, or evaluate it "
+          "with hourglass-eval.")
+      return dict(start_step=restored[2], step=restored[2], losses={}, eval=None, stopped="done", sample=None)
+    compiled = trainer.compile_train_step()
+    perf = report_compiled(trainer, compiled, log)
+    writer = metrics_lib.SummaryWriter(str(workdir), jax.process_index() == 0)
+    try:
+      return _train(trainer, compiled, perf, restored, checkpoints, sigterm, writer, log)
+    finally:
+      writer.close()
+
+
+def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, sigterm: SigtermFlag,
+           writer, log) -> dict:
+  cfg, total = trainer.cfg, trainer.cfg.train.steps
+  record = config_record(cfg)
+  unit = "dim" if sources.dataset_kind(cfg.data.name) == "image" else "byte"  # bits per dim for images
+  if restored:
+    state, data_state, start = restored
+    log(f"resuming from step {start} (checkpoint in {checkpoints.directory})")
+  else:
+    state, data_state, start = trainer.init_state(), None, 0
+  batches = trainer.train_iterator()
+  if data_state:
+    batches.set_state(data_state)
+  summary = dict(start_step=start, step=start, losses={}, eval=None, stopped="done", sample=None)
+  tokens_per_step = trainer.batch_size * trainer.seq_len
+  meter, pending, saved = _Meter(), None, (checkpoints.all_steps() or [None])[-1]
+  bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
+             dynamic_ncols=True)
+
+  def drain():
+    """Fetches the pending step's metrics (its successor is already queued), checks and logs them."""
+    nonlocal pending
+    if pending is None:
+      return
+    (step, device_metrics), pending = pending, None
+    values = {k: float(v) for k, v in sharding.to_host(device_metrics).items()}
+    if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
+      raise TrainError(f"training diverged at step {step}: loss {values['loss']}, gradient norm "
+                       f"{values['grad_norm']}, update norm {values['update_norm']}; "
+                       "stopped without saving it. "
+                       + (f"The last checkpoint (step {saved}) is intact. " if saved is not None else "")
+                       + "Lower train.learning_rate, raise train.warmup_steps or set train.grad_clip_norm, then "
+                       "rerun.")
+    summary["losses"][step] = values["loss"]
+    meter.add(values["loss"], values["grad_norm"])
+    bar.update(1)
+    if step % cfg.train.log_every == 0 or step == total:
+      loss, grad_norm, seconds = meter.flush()
+      mfu = perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else float("nan")
+      bar.set_postfix_str(f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}, "
+                          f"{tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU {mfu:.1%}")
+      writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
+                            "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
+                            "train/update_norm": values["update_norm"],
+                            "perf/tokens_per_second": tokens_per_step / seconds, "perf/step_time_s": seconds,
+                            "perf/mfu": mfu})
+
+  distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
+  try:
+    for step in range(start + 1, total + 1):
+      tokens = next(batches)
+      state, device_metrics = compiled(state, trainer.global_array(tokens))
+      drain()
+      pending = (step, device_metrics)
+      summary["step"] = step
+      stop = sigterm.requested or checkpoints.reached_preemption(step)
+      if stop or step == total or checkpoints.should_save(step):
+        drain()  # a checkpoint is written only after its step's loss, gradients and update were checked finite
+        checkpoints.save(step, state, batches.get_state(), record, force=True)
+        saved = step
+        meter.reset()
+      if stop:
+        checkpoints.wait()
+        summary["stopped"] = "preempted"
+        log(f"\nSIGTERM/preemption: saved checkpoint step {step} in {checkpoints.directory}; rerun the same "
+            "command to resume.")
+        break
+      if step == total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+        drain()
+        summary["eval"] = evaluate(trainer, state.params, cfg.data.eval_split, cfg.data.eval_batches)
+        writer.scalars(step, {"eval/loss": summary["eval"]["loss"], f"eval/bits_per_{unit}": summary["eval"]["bits"]})
+        log(f"step {step}: {describe(summary['eval'], cfg.data.eval_split)}")
+        meter.reset()
+    drain()
+  finally:
+    bar.close()
+  if meter.steps_total:
+    seconds = meter.seconds_total / meter.steps_total
+    summary.update(tokens_per_second=tokens_per_step / seconds, step_seconds=seconds,
+                   mfu=perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else None)
+    log(f"throughput: {summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
+        f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
+  if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
+    prompt = bytes(trainer.eval_source(cfg.data.eval_split)[0][:min(64, trainer.seq_len // 4)].astype("uint8"))
+    summary["sample"] = sample_bytes(trainer, state.params, prompt, cfg.train.sample_bytes, cfg.train.seed)
+    text = (prompt + summary["sample"]).decode("utf-8", errors="replace")
+    writer.text(summary["step"], "sample", text)
+    log(f"sample ({len(prompt)} prompt bytes from the {cfg.data.eval_split} split, then "
+        f"{len(summary['sample'])} sampled bytes):\n{text}")
+  checkpoints.wait()
+  return summary

@@ -1,0 +1,101 @@
+"""Throughput and MFU bookkeeping, the compiled step's cost and memory report, and TensorBoard summaries."""
+
+import functools
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hourglass_jax.train.checks import TrainError
+
+# Dense bf16 peak FLOP/s per JAX device (a TPU v2/v3 device is one core; v4 and later, one chip). First match wins.
+PEAK_FLOPS = (
+    ("TPU v2", 22.5e12), ("TPU v3", 61.5e12), ("TPU v4", 275e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
+    ("TPU v5", 459e12), ("TPU v6 lite", 918e12), ("TPU v6e", 918e12), ("TPU7x", 2307e12),
+    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A10G", 125e12), ("L40S", 362e12), ("L4", 121e12), ("V100", 125e12),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def measure_matmul_flops(size: int = 1024, dtype: str = "float32", seconds: float = 0.3) -> float:
+  """FLOP/s of a jitted [size, size] @ [size, size] matmul on the default device, best of repeated runs."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(size, size)), dtype)
+  matmul = jax.jit(lambda a: a @ a)
+  matmul(x).block_until_ready()
+  best, deadline = math.inf, time.perf_counter() + seconds
+  while time.perf_counter() < deadline:
+    start = time.perf_counter()
+    matmul(x).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best
+
+
+def peak_flops_per_device(configured: float, dtype: str = "float32") -> tuple[float, str]:
+  """(peak FLOP/s of one device, where the figure comes from): configured, the table, or a measured matmul in
+  the model's dtype shared by the local devices (virtual CPU devices share the same cores)."""
+  if configured > 0:
+    return configured, "train.peak_flops_per_device"
+  device = jax.local_devices()[0]
+  for name, flops in PEAK_FLOPS:
+    if name.lower() in device.device_kind.lower():
+      return flops, f"{device.device_kind} bf16 dense peak"
+  count = jax.local_device_count()
+  return measure_matmul_flops(dtype=dtype) / count, f"measured {dtype} matmul / {count} local device(s)"
+
+
+def cost_flops(compiled) -> float | None:
+  """XLA's FLOP count for one call of a compiled function (per device for a partitioned program)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+  return float(cost["flops"]) if cost and cost.get("flops", -1) >= 0 else None
+
+
+def memory_bytes(compiled) -> int | None:
+  """Per-device bytes the compiled step needs: arguments + outputs - donated aliases + temporaries."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return None
+  return (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+          + stats.temp_size_in_bytes + stats.generated_code_size_in_bytes)
+
+
+def device_memory_limit() -> int | None:
+  try:
+    stats = jax.local_devices()[0].memory_stats()
+  except Exception:  # backends without memory stats (CPU) raise or return None
+    return None
+  return stats.get("bytes_limit") if stats else None
+
+
+def check_memory(needed: int | None, limit: int | None) -> None:
+  if needed is not None and limit is not None and needed > limit:
+    raise TrainError(f"the compiled train step needs {needed / 2**30:.2f} GiB per device but the device has "
+                     f"{limit / 2**30:.2f} GiB. Lower data.batch_size, raise train.grad_accum_steps, set "
+                     "train.remat=True, use model.dtype=bfloat16, or shard parameters over more devices "
+                     "(mesh.fsdp / mesh.tensor).")
+
+
+class SummaryWriter:
+  """TensorBoard scalars in the workdir (process 0 only); a no-op elsewhere."""
+
+  def __init__(self, logdir: str, enabled: bool):
+    self._writer = None
+    if enabled:
+      from tensorboardX import SummaryWriter as TBWriter
+      self._writer = TBWriter(logdir=logdir, flush_secs=10)
+
+  def scalars(self, step: int, values: dict) -> None:
+    if self._writer:
+      for name, value in values.items():
+        self._writer.add_scalar(name, float(value), step)
+
+  def text(self, step: int, name: str, value: str) -> None:
+    if self._writer:
+      self._writer.add_text(name, value, step)
+
+  def close(self) -> None:
+    if self._writer:
+      self._writer.close()

@@ -1,0 +1,44 @@
+"""What a run prints before its first step: model size, FLOPs per step, compiled memory, and the MFU peak."""
+
+import jax
+
+from hourglass_jax.model import ModelConfig
+from hourglass_jax.model import counting
+from hourglass_jax.train import metrics
+
+
+def model_flops_per_step(cfg) -> int | None:
+  """Analytic training FLOPs of one step: 3x the forward matmul FLOPs (forward + backward) per sequence."""
+  try:
+    forward = counting.forward_flops(ModelConfig.from_dict(cfg.model), cfg.data.seq_len)
+  except Exception:  # model kinds the analytic counter does not cover
+    return None
+  return 3 * forward * cfg.data.batch_size
+
+
+def report_compiled(trainer, compiled, log) -> dict:
+  """Logs the run's shape and cost; raises TrainError when the step cannot fit in device memory."""
+  cfg, mesh = trainer.cfg, trainer.mesh
+  xla_flops = metrics.cost_flops(compiled)
+  model_flops = model_flops_per_step(cfg)
+  needed, limit = metrics.memory_bytes(compiled), metrics.device_memory_limit()
+  peak, peak_source = metrics.peak_flops_per_device(cfg.train.peak_flops_per_device, cfg.model.dtype)
+  devices = mesh.devices.size
+  mesh_text = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
+  accum = f", {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else ""
+  log(f"model: {cfg.model.kind} {cfg.model.get('hierarchy', '')}, {trainer.num_params:,} params, "
+      f"dtype {cfg.model.dtype}{', remat' if cfg.train.remat else ''}")
+  log(f"devices: {devices} x {jax.devices()[0].device_kind} in {jax.process_count()} process(es), mesh "
+      f"{mesh_text}; batch {trainer.batch_size} x {trainer.seq_len} tokens{accum}")
+  flops_text = f"{model_flops / 1e9:,.2f} GFLOPs/step (model, 3x forward)" if model_flops else "model FLOPs n/a"
+  if xla_flops is not None:
+    flops_text += f", {xla_flops * devices / 1e9:,.2f} GFLOPs/step (XLA, all devices)"
+  memory_text = f"{needed / 2**20:,.1f} MiB/device" if needed is not None else "n/a"
+  limit_text = f" of {limit / 2**30:,.1f} GiB" if limit else ""
+  log(f"compiled: {flops_text}; memory {memory_text}{limit_text}; MFU peak {peak / 1e12:,.3f} TFLOP/s/device "
+      f"({peak_source})")
+  metrics.check_memory(needed, limit)
+  if model_flops is None and xla_flops is not None:
+    model_flops = xla_flops * devices
+  return dict(model_flops=model_flops, xla_flops=xla_flops, memory=needed, peak_flops=peak * devices,
+              peak_source=peak_source)

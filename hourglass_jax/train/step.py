@@ -1,0 +1,64 @@
+"""Pure train and eval steps: next-byte cross-entropy, gradient accumulation over micro-batches, AdamW update."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from hourglass_jax.train.remat import remat_blocks
+from hourglass_jax.train.state import TrainState
+
+
+def token_losses(model, params, tokens_BxL1, rules, *, rng=None, remat: bool = False):
+  """Per-token cross-entropy in nats [B, L] of predicting tokens[:, 1:] from tokens[:, :-1]."""
+  deterministic = rng is None
+  with nn.logical_axis_rules(rules), remat_blocks(remat and not deterministic):
+    tokens_BxL1 = nn.with_logical_constraint(tokens_BxL1, ("batch", None))
+    logits_BxLxV = model.apply({"params": params}, tokens_BxL1[:, :-1], deterministic=deterministic,
+                               rngs=None if deterministic else {"dropout": rng})
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, tokens_BxL1[:, 1:])
+
+
+def make_train_step(model, optimizer, schedule, rules, accum_steps: int = 1, remat: bool = False):
+  """`train_step(state, tokens_BxL1) -> (state, metrics)`; with accumulation, the batch is split into
+  `accum_steps` strided micro-batches (row i goes to micro-batch i % accum_steps) whose gradients are averaged."""
+
+  def loss_fn(params, tokens_BxL1, rng):
+    return token_losses(model, params, tokens_BxL1, rules, rng=rng, remat=remat).mean()
+
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def train_step(state: TrainState, tokens_BxL1):
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    if accum_steps == 1:
+      loss, grads = grad_fn(state.params, tokens_BxL1, rng)
+    else:
+      batch, width = tokens_BxL1.shape
+      micro_AxMxL1 = tokens_BxL1.reshape(batch // accum_steps, accum_steps, width).swapaxes(0, 1)
+
+      def accumulate(carry, inputs):
+        index, tokens_MxL1 = inputs
+        loss, grads = grad_fn(state.params, tokens_MxL1, jax.random.fold_in(rng, index))
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+      zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
+      (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro_AxMxL1))
+      loss, grads = jax.tree.map(lambda x: x / accum_steps, (loss, grads))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                              opt_state=opt_state)
+    return new_state, dict(loss=loss, grad_norm=optax.tree.norm(grads), update_norm=optax.tree.norm(updates),
+                           learning_rate=schedule(state.step))
+
+  return train_step
+
+
+def make_eval_step(model, rules):
+  """`eval_step(params, tokens_BxL1, weights_B) -> {loss_sum, tokens}` (padding rows have weight 0)."""
+
+  def eval_step(params, tokens_BxL1, weights_B):
+    losses_BxL = token_losses(model, params, tokens_BxL1, rules)
+    return dict(loss_sum=(losses_BxL * weights_B[:, None]).sum(),
+                tokens=weights_B.sum() * losses_BxL.shape[1])
+
+  return eval_step

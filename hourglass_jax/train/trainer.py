@@ -1,0 +1,60 @@
+"""One run's compiled pieces for a config on a mesh: model, optimizer, state layout, jitted train/eval steps."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hourglass_jax import sharding
+from hourglass_jax.data import pipeline, sources
+from hourglass_jax.model import build_model
+from hourglass_jax.train import checks
+from hourglass_jax.train.optimizer import make_optimizer
+from hourglass_jax.train.state import create_state, make_init_fn, num_params, state_layout
+from hourglass_jax.train.step import make_eval_step, make_train_step
+
+
+class Trainer:
+  """Validates `cfg` against `mesh` (before anything compiles) and holds the jitted steps and shardings."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+    self.cfg, self.mesh = cfg, mesh
+    self.model = build_model(cfg.model)
+    checks.check_config(cfg, cfg.model.vocab_size)
+    self.rules = sharding.logical_rules(cfg.mesh)
+    self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
+    checks.check_batch_split(cfg, sharding.batch_parallelism(mesh, self.rules), jax.process_count())
+    self.batch_size, self.seq_len = cfg.data.batch_size, cfg.data.seq_len
+    self.rows = sharding.process_rows(self.batch_sharding, self.batch_size, (self.seq_len + 1,))
+    self.train_source = sources.make_source(cfg.data, "train", cfg.model.vocab_size, cfg.train.seed)
+    self.optimizer, self.schedule = make_optimizer(cfg.train)
+    self.init_fn = make_init_fn(self.model, self.optimizer, self.seq_len, cfg.train.seed)
+    self.abstract, self.shardings = state_layout(self.init_fn, mesh, self.rules)
+    self.num_params = num_params(self.abstract)
+    replicated = sharding.replicated(mesh)
+    step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps,
+                           cfg.train.remat)
+    self.train_step = jax.jit(step, in_shardings=(self.shardings, self.batch_sharding),
+                              out_shardings=(self.shardings, replicated), donate_argnums=0)
+    self.eval_step = jax.jit(make_eval_step(self.model, self.rules), out_shardings=replicated,
+                             in_shardings=(self.shardings.params, self.batch_sharding, self.batch_sharding))
+
+  def init_state(self):
+    return create_state(self.init_fn, self.shardings)
+
+  def compile_train_step(self):
+    """Ahead-of-time compilation of the train step for this config's batch shape."""
+    tokens = jax.ShapeDtypeStruct((self.batch_size, self.seq_len + 1), jnp.int32, sharding=self.batch_sharding)
+    return self.train_step.lower(self.abstract, tokens).compile()
+
+  def global_array(self, local: np.ndarray) -> jax.Array:
+    """This process's rows -> one global array sharded over the batch axes."""
+    shape = (self.batch_size, *local.shape[1:])
+    return jax.make_array_from_process_local_data(self.batch_sharding, local, shape)
+
+  def train_iterator(self):
+    return pipeline.train_iterator(self.train_source, self.cfg.train.seed, self.batch_size, self.rows)
+
+  def eval_source(self, split: str):
+    return sources.make_source(self.cfg.data, split, self.cfg.model.vocab_size, self.cfg.train.seed,
+                               eval_windows=True)

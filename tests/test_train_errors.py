@@ -1,0 +1,54 @@
+"""Bad configurations fail before anything compiles, with a message naming the setting and the fix."""
+
+import jax
+import pytest
+
+from hourglass_jax import sharding
+from hourglass_jax.train import metrics
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.trainer import Trainer
+from tests.train_util import run, tiny_config, train_command
+
+
+@pytest.mark.parametrize("sections, mesh_cfg, message", [
+    (dict(train=dict(learning_rte=1e-3)), None, r"train.learning_rte is not a known setting \(did you mean "
+                                                 r"'learning_rate'\?\)"),
+    (dict(train=dict(schedule="linear")), None, r"train.schedule='linear'; choose one of cosine, rsqrt, constant"),
+    (dict(data=dict(name="enwik9")), None, r"data.name='enwik9' is unknown; choose one of .*enwik8.*stdlib_text"),
+    (dict(data=dict(name="text_file")), None, r"data.name='text_file' needs data.path"),
+    (dict(data=dict(batch_size=8), train=dict(grad_accum_steps=3)), None, r"not divisible by train.grad_accum"),
+    (dict(), dict(data=-1, tensor=3), r"mesh.data=-1, mesh.fsdp=1, mesh.tensor=3 does not divide the 8 devices"),
+    (dict(), dict(data=2, fsdp=2, tensor=1), r"uses 4 devices but 8 are available"),
+    (dict(data=dict(batch_size=4)), dict(data=-1), r"data.batch_size=4 \(micro-batch 4\) is not divisible by the 8 "
+                                                   r"data-parallel devices.*multiple of 8"),
+    (dict(), dict(data=1, tensor=8), r"parameter .*attention/key/bias of shape \(4, 8\): its 'heads' dimension "
+                                     r"of 4 cannot be split evenly over mesh axes \('tensor',\) \(8 devices\)"),
+    (dict(mesh=dict(rules=(("batch", "data"), ("embedings", "fsdp")))), None, r"logical axis 'embedings'"),
+])
+def test_bad_settings_raise_before_compiling(sections, mesh_cfg, message):
+  cfg = tiny_config(**sections)
+  if mesh_cfg:
+    cfg.mesh.update(mesh_cfg)
+  with pytest.raises((ValueError, FileNotFoundError), match=message):
+    Trainer(cfg, sharding.make_mesh(cfg.mesh))
+
+
+def test_unknown_override_on_the_command_line_suggests_the_key(tmp_path):
+  bad = run(train_command(tmp_path, "--config.train.learning_rte=0.1"), devices=1)
+  assert bad.returncode != 0
+  assert "learning_rte" in bad.stderr and "learning_rate" in bad.stderr
+
+
+def test_mesh_fill_and_rules():
+  assert sharding.mesh_shape(dict(data=-1, fsdp=2, tensor=2), 8) == (2, 2, 2)
+  mesh = sharding.make_mesh(dict(data=2, fsdp=2, tensor=-1))
+  assert dict(mesh.shape) == dict(data=2, fsdp=2, tensor=2)
+  assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+  rules = sharding.logical_rules(tiny_config().mesh)
+  assert sharding.batch_parallelism(mesh, rules) == 4
+
+
+def test_a_step_larger_than_device_memory_is_refused():
+  metrics.check_memory(2**30, None)  # CPU reports no limit: nothing to check
+  with pytest.raises(TrainError, match=r"needs 2.00 GiB per device but the device has 1.00 GiB.*train.remat=True"):
+    metrics.check_memory(2**31, 2**30)

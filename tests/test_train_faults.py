@@ -1,0 +1,132 @@
+"""Faults keep earlier checkpoints intact: SIGTERM, kill -9, an unreadable checkpoint, divergence, another model's
+checkpoint, a full disk."""
+
+import errno
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hourglass_jax import sharding
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.trainer import Trainer
+from tests.train_util import command_env, quiet, tiny_config, train_command
+
+
+def test_sigterm_checkpoints_the_current_step(tmp_path):
+  process = subprocess.Popen(train_command(tmp_path, "--config.train.steps=1000000"), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=command_env())
+  lines = []
+  reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+  reader.start()
+  deadline = time.time() + 240
+  while not any(line.startswith("compiled:") for line in lines) and time.time() < deadline:
+    time.sleep(0.2)  # the line before the first step
+  time.sleep(1.0)
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=120) == 0
+  reader.join(timeout=10)
+  output = "".join(lines)
+  match = re.search(r"saved checkpoint step (\d+)", output)
+  assert match, output
+  step = int(match.group(1))
+  assert 0 < step < 1_000_000
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == [str(step)]
+
+
+def _saved_steps(workdir) -> list[int]:
+  directory = workdir / "checkpoints"
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
+def test_kill_9_loses_only_the_steps_since_the_last_save(tmp_path):
+  process = subprocess.Popen(train_command(tmp_path, "--config.train.steps=1000000",
+                                           "--config.checkpoint.every_steps=2"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=command_env())
+  deadline = time.time() + 240
+  while not [s for s in _saved_steps(tmp_path) if s >= 4] and time.time() < deadline:
+    time.sleep(0.1)
+  process.kill()  # SIGKILL: no handler runs, a save may be half-written
+  process.wait(timeout=60)
+  saved = _saved_steps(tmp_path)
+  assert saved and saved[-1] >= 4 and all(s % 2 == 0 for s in saved), saved
+  cfg = tiny_config(steps=saved[-1] + 2, checkpoint=dict(every_steps=2))
+  resumed = train_and_evaluate(cfg, tmp_path, log=quiet)
+  assert resumed["start_step"] == saved[-1]
+  assert sorted(resumed["losses"]) == [saved[-1] + 1, saved[-1] + 2]
+
+
+def test_unreadable_latest_checkpoint_is_moved_aside_and_the_previous_one_used(tmp_path):
+  cfg = tiny_config(steps=4, checkpoint=dict(every_steps=2))
+  train_and_evaluate(cfg, tmp_path, log=quiet)
+  for path in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
+    if path.is_file():
+      path.write_bytes(b"garbage")
+  messages = []
+  resumed = train_and_evaluate(cfg, tmp_path, log=messages.append)
+  assert resumed["start_step"] == 2 and sorted(resumed["losses"]) == [3, 4]
+  assert any("checkpoint step 4" in m and "unreadable" in m and "falling back to step 2" in m for m in messages)
+  assert [p.name.split("-")[0] for p in (tmp_path / "checkpoints_unreadable").iterdir()] == ["4"]
+
+
+def test_divergence_stops_before_writing_a_poisoned_checkpoint(tmp_path, monkeypatch):
+  calls = []
+  global_array = Trainer.global_array
+
+  def poisoned(self, local):
+    calls.append(1)
+    if len(calls) == 3:  # step 3's tokens lie outside the vocabulary: NaN embeddings, NaN loss
+      local = local + 10_000
+    return global_array(self, local)
+
+  monkeypatch.setattr(Trainer, "global_array", poisoned)
+  cfg = tiny_config(steps=6, checkpoint=dict(every_steps=1))
+  with pytest.raises(TrainError, match=r"diverged at step 3: loss nan.*last checkpoint \(step 2\) is intact"):
+    train_and_evaluate(cfg, tmp_path, log=quiet)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+
+
+def _trainer_and_zero_state(cfg):
+  mesh = sharding.make_mesh(cfg.mesh)
+  trainer = Trainer(cfg, mesh)
+  state = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=a.sharding), trainer.abstract)
+  return trainer, mesh, state
+
+
+@pytest.mark.parametrize("section, change, message", [
+    ("model", dict(d_model=64), r"different model shape \(model.d_model: checkpoint 32, config 64\)"),
+    ("train", dict(grad_clip_norm=0.0), r"same model but a different optimizer state"),
+])
+def test_checkpoint_of_another_configuration_is_refused_before_compiling(tmp_path, section, change, message):
+  cfg = tiny_config()
+  trainer, mesh, state = _trainer_and_zero_state(cfg)
+  with jax.set_mesh(mesh), Checkpoints(tmp_path / "checkpoints", 0, 2) as checkpoints:
+    checkpoints.save(5, state, {"next_index": 5}, config_record(cfg), force=True)
+  cfg[section].update(change)
+  with pytest.raises(TrainError, match=message + r".*new --workdir.*left untouched"):
+    train_and_evaluate(cfg, tmp_path, log=quiet)
+  assert (tmp_path / "checkpoints" / "5" / "state").is_dir()
+
+
+def test_full_disk_names_the_problem_and_keeps_earlier_checkpoints(tmp_path, monkeypatch):
+  cfg = tiny_config()
+  trainer, mesh, state = _trainer_and_zero_state(cfg)
+  with jax.set_mesh(mesh), Checkpoints(tmp_path / "checkpoints", 0, 2) as checkpoints:
+    checkpoints.save(1, state, {"next_index": 1}, config_record(cfg), force=True)
+    checkpoints.wait()
+
+    def no_space(*args, **kwargs):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.manager, "save", no_space)
+    with pytest.raises(TrainError, match=r"step 2 .* no space left on device. Earlier checkpoints \[1\] are "
+                                         r"intact; free disk space"):
+      checkpoints.save(2, state, {"next_index": 2}, config_record(cfg), force=True)
+  assert (tmp_path / "checkpoints" / "1" / "state").is_dir()

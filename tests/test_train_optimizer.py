@@ -1,0 +1,47 @@
+"""Schedules, weight-decay masks, and per-block rematerialisation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax import sharding
+from hourglass_jax.train import metrics
+from hourglass_jax.train.optimizer import decay_mask, make_schedule
+from hourglass_jax.train.trainer import Trainer
+from tests.train_util import tiny_config
+
+
+@pytest.mark.parametrize("schedule, at_500, at_1000", [
+    ("cosine", 0.5e-3 * (1 + np.cos(np.pi * 400 / 900)), 0.0),
+    ("rsqrt", 1e-3 * np.sqrt(100 / 500), 1e-3 * np.sqrt(100 / 1000)),
+    ("constant", 1e-3, 1e-3),
+])
+def test_warmup_then_decay(schedule, at_500, at_1000):
+  cfg = tiny_config(train=dict(schedule=schedule, learning_rate=1e-3, warmup_steps=100, steps=1000))
+  lr = make_schedule(cfg.train)
+  assert float(lr(0)) == 0.0 and float(lr(50)) == pytest.approx(0.5e-3) and float(lr(100)) == pytest.approx(1e-3)
+  assert float(lr(500)) == pytest.approx(at_500, rel=1e-5) and float(lr(1000)) == pytest.approx(at_1000, abs=1e-9)
+
+
+def test_weight_decay_skips_norms_and_biases():
+  params = {"mlp": {"wi": {"kernel": 1, "bias": 1}}, "norm": {"scale": 1, "bias": 1}, "embed": {"embedding": 1}}
+  assert decay_mask(params) == {"mlp": {"wi": {"kernel": True, "bias": False}},
+                                "norm": {"scale": False, "bias": False}, "embed": {"embedding": True}}
+
+
+def test_remat_keeps_the_step_and_lowers_memory():
+  results = []
+  for remat in (False, True):
+    cfg = tiny_config(train=dict(remat=remat), mesh=dict(data=1))
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    trainer = Trainer(cfg, mesh)
+    with jax.set_mesh(mesh):
+      compiled = trainer.compile_train_step()
+      state = trainer.init_state()
+      _, out = compiled(state, trainer.global_array(next(trainer.train_iterator())))
+      results.append((compiled.memory_analysis().temp_size_in_bytes, float(out["loss"]),
+                      float(out["grad_norm"]), metrics.cost_flops(compiled)))
+  (temp, loss, grad, flops), (temp_r, loss_r, grad_r, flops_r) = results
+  assert loss_r == pytest.approx(loss, rel=1e-6) and grad_r == pytest.approx(grad, rel=1e-5)
+  assert temp_r < temp and flops_r > flops  # recomputes the forward of each block instead of storing it
