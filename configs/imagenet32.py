@@ -1,14 +1,18 @@
 """Downsampled ImageNet 32x32 as in the Hourglass paper: 3@1 24@3 3@1, attention(linear) both ways."""
 
 from hourglass_jax.config_base import base_config
+from hourglass_jax.config_scale import apply_preset
 
 
-def get_config():
+def get_config(preset: str = ""):
+  """The paper's settings; `:pod`, `:pod_fsdp` or `:pod_tensor` for a TPU pod slice (hourglass_jax/config_scale.py)."""
   cfg = base_config()
   cfg.model.update(vocab_size=256, d_model=512, num_heads=8, d_ff=2048, hierarchy="3@1 24@3 3@1",
                    shorten="attention_linear", upsample="attention_linear", dropout=0.01)
-  cfg.data.update(name="downsampled_imagenet/32x32", seq_len=3072, train_stride=3072, batch_size=8)
+  # Prepare first: hourglass-data prepare downsampled_imagenet/32x32 --manual_dir=DIR_WITH_THE_TARS [--data_dir=DIR].
+  cfg.data.update(name="downsampled_imagenet/32x32", data_dir="", seq_len=3072, train_stride=3072, batch_size=8,
+                  eval_split="validation")
   cfg.train.update(steps=400_000, learning_rate=4.9e-4, schedule="rsqrt", warmup_steps=8_000,
                    b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, eval_every=10_000)
   cfg.checkpoint.update(every_steps=2_000)
-  return cfg
+  return apply_preset(cfg, preset, "imagenet32")
