@@ -103,5 +103,21 @@ def data_entry():
   app.run(_data, flags_parser=_parse_flags)
 
 
+def _sample(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
+  from hourglass_jax import sample_flags
+
+  _run(lambda: sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+
+
+def sample_entry():
+  from hourglass_jax import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
+
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(_sample, flags_parser=_parse_flags)
+
+
 if __name__ == "__main__":
   train_entry()

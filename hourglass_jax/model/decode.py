@@ -1,0 +1,96 @@
+"""Incremental (KV-cache) decoding for every model kind: prefill a prompt in one parallel pass, then one token per
+step, with logits equal to `build_model(cfg).apply` position by position.
+
+The body's cache layout and step logic live per kind: decode_hourglass.py (hourglass, vanilla),
+decode_multiscale.py (topdown, bottomup), decode_retina.py; shared cached layers in decode_layers.py. A shortened
+level or coarse scale advances only when its next token becomes computable (under lax.cond), so a level at total
+factor F runs once every F tokens. Relative-position tables (W_r R(d) for every distance) are computed once per
+cache from the params. Sampling and `generate` (a jit-compiled decode loop) live in sampling.py.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from hourglass_jax.model import decode_hourglass, decode_multiscale, decode_retina
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.decode_layers import merge
+from hourglass_jax.model.layers import dense
+from hourglass_jax.model.retina import check_windows_fit
+
+BODIES = {"hourglass": decode_hourglass, "vanilla": decode_hourglass, "topdown": decode_multiscale,
+          "bottomup": decode_multiscale, "retina": decode_retina}
+
+
+def unbox_params(variables):
+  """Plain param tree from `module.init` output, boxed or not, with or without the 'params' collection."""
+  params = nn.meta.unbox(variables)
+  return params["params"] if "params" in params else params
+
+
+def padded_length(cfg: ModelConfig, max_len: int) -> int:
+  """Positions the cache holds: max_len rounded up to the total shortening factor (or coarsest scale)."""
+  return -(-max_len // cfg.pad_multiple) * cfg.pad_multiple
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
+  """Empty cache for `batch` sequences of up to `max_len` tokens: {'state': the body's arrays, 'tables': ...}.
+
+  position='relative' needs `params` (its distance tables are computed once here). Decoding may start from an
+  empty cache at position 0 without a prefill.
+  """
+  if not isinstance(max_len, int) or max_len < 1:
+    raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
+  if cfg.kind == "retina":
+    check_windows_fit(cfg, max_len)
+  body = BODIES[cfg.kind]
+  padded = padded_length(cfg, max_len)
+  tables = {}
+  if cfg.position == "relative":
+    if params is None:
+      raise ValueError("init_cache: position='relative' needs `params` to build its relative-position tables.")
+    tables = body.relative_tables(cfg, unbox_params(params)["body"], padded)
+  return {"state": body.init_state(cfg, batch, padded), "tables": tables}
+
+
+def _embed(cfg, params, tokens):
+  embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
+  return embed.apply({"params": params["embed"]}, tokens)
+
+
+def _head(cfg, params, x):
+  head = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head")
+  return head.apply({"params": params["head"]}, x).astype(jnp.float32)
+
+
+def _run(params, cfg, cache, tokens_BxT, position):
+  params = unbox_params(params)
+  body = merge(params["body"], cache["tables"])
+  x_BxTxD, state = BODIES[cfg.kind].run(cfg, body, cache["state"], _embed(cfg, params, tokens_BxT), position)
+  return dict(cache, state=state), _head(cfg, params, x_BxTxD[:, -1])
+
+
+def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
+  """Fills every cache from a prompt in one parallel (masked, whole-prompt) pass.
+
+  Returns (cache, logits [B, vocab] predicting token P). The models have no BOS token of their own (image data
+  starts each sequence with one, see data/image_source.py), so the prompt needs >= 1 token; prompt + generated
+  tokens must fit in `max_len`.
+  """
+  length = prompt_BxP.shape[1]
+  if length < 1:
+    raise ValueError("prefill needs a prompt of at least 1 token: this model has no BOS convention, so the first "
+                     "prediction is conditioned on a real token (e.g. a newline byte).")
+  if length > max_len:
+    raise ValueError(f"the prompt has {length} tokens but the cache holds max_len={max_len}; raise max_len.")
+  cache = init_cache(cfg, prompt_BxP.shape[0], max_len, params)
+  return _run(params, cfg, cache, prompt_BxP, None)
+
+
+def decode_step(params, cfg: ModelConfig, cache, token_B, position):
+  """Feeds token_B at `position` (an int or int scalar, traced under jit); returns (cache, logits [B, vocab]).
+
+  Positions must be fed in order from the end of the prompt (or from 0 on an empty cache) and stay < max_len.
+  """
+  if isinstance(position, int) and position < 0:
+    raise ValueError(f"position={position} must be >= 0.")
+  return _run(params, cfg, cache, jnp.asarray(token_B)[:, None], jnp.asarray(position, jnp.int32))

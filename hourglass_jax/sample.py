@@ -1,0 +1,205 @@
+"""`hourglass-sample`: restores a trained checkpoint read-only and samples with the KV cache (model/sampling.py).
+
+Text configs continue a byte prompt; image configs (data.name an image dataset) complete images from scratch (the
+start token alone) or from the top rows of real images of a split, and write a PNG grid. The sample batch is
+padded to, and sharded over, the data-parallel devices like a training batch.
+"""
+
+import dataclasses
+import pathlib
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from hourglass_jax import sharding
+from hourglass_jax.data import sources
+from hourglass_jax.model import ModelConfig, build_model, sampling
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.optimizer import make_optimizer
+from hourglass_jax.train.state import make_init_fn, state_layout
+
+# Per kind, the model fields that can change the function while leaving every parameter shape alone (a factor
+# in `hierarchy`, 'avg' vs 'repeat', a retina window...): a checkpoint's recorded settings must match them too.
+_FUNCTION_FIELDS = {
+    "vanilla": ("kind", "hierarchy", "position"),
+    "hourglass": ("kind", "hierarchy", "position", "shorten", "upsample"),
+    "topdown": ("kind", "position", "scales", "layers_per_scale", "downsampler", "upsampler"),
+    "bottomup": ("kind", "position", "scales", "layers_per_scale", "heads_per_scale", "downsampler"),
+    "retina": ("kind", "hierarchy", "position", "scales", "heads_per_scale", "downsampler", "retina_windows"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOptions:
+  """What to sample. prompt: bytes (text); prompt_rows: image rows given from real images of `split` (0 = from
+  scratch); max_new_tokens None: as many as fit in max_len, at most 256 (text), the rest of the image (images);
+  max_len: the longest context to decode, None = data.seq_len (the trained one); end_byte: stop a text sample
+  after this byte (None = never); output: the PNG path for images (None = WORKDIR/samples/images_stepN.png)."""
+  prompt: bytes = b""
+  num_samples: int = 4
+  max_new_tokens: int | None = None
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  end_byte: int | None = None
+  prompt_rows: int = 0
+  split: str | None = None
+  max_len: int | None = None
+  output: str | None = None
+
+
+def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
+  """(params on `mesh`, their shardings, step) of the newest checkpoint in workdir/checkpoints, read-only."""
+  directory = pathlib.Path(workdir) / "checkpoints"
+  if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
+    raise FileNotFoundError(f"no checkpoint under {directory}; train first with hourglass-train "
+                            f"--config=... --workdir={workdir}, or point --workdir at a trained run.")
+  model = build_model(cfg.model)
+  optimizer, _ = make_optimizer(cfg.train)
+  init_fn = make_init_fn(model, optimizer, cfg.data.seq_len, cfg.train.seed)
+  abstract, shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
+  with Checkpoints(directory, log=log, read_only=True) as checkpoints:
+    restored = checkpoints.restore_latest(abstract, config_record(cfg))
+    if restored is None:
+      raise FileNotFoundError(f"no readable checkpoint under {directory}; train first with hourglass-train "
+                              f"--workdir={workdir}.")
+    state, _, step = restored
+    saved = (checkpoints.manager.metadata(step).custom_metadata or {}).get("model", {})
+  _check_same_model(cfg.model.to_dict(), saved, directory, step)
+  return state.params, shardings.params, step
+
+
+def _check_same_model(model: dict, saved: dict, directory, step: int) -> None:
+  """Raises when the config's model settings that matter for its kind differ from the checkpoint's record."""
+  fields = _FUNCTION_FIELDS.get(saved.get("kind"), ()) + _FUNCTION_FIELDS.get(model.get("kind"), ())
+  differ = [f"model.{k}: checkpoint {saved[k]!r}, config {model.get(k)!r}" for k in dict.fromkeys(fields)
+            if k in saved and saved[k] != model.get(k, saved[k])]
+  if differ:
+    raise ValueError(f"{directory} step {step} was trained with other model settings than this config "
+                     f"({'; '.join(differ)}); its parameters would compute a different function. Pass the config "
+                     "and --config.model overrides the run was trained with.")
+
+
+def _image_prompts(cfg, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
+  """(prompts [N, 1 + rows*W*C]: the start token and the top rows, originals [N, H, W, C] or None)."""
+  from hourglass_jax.data.image_source import START_TOKEN  # pylint: disable=import-outside-toplevel
+
+  height, width, channels = shape
+  if not 0 <= options.prompt_rows < height:
+    raise ValueError(f"prompt_rows={options.prompt_rows} must be in 0..{height - 1} for {height}x{width} images "
+                     "(0 = from scratch).")
+  start = np.full((options.num_samples, 1), START_TOKEN, np.int32)
+  if not options.prompt_rows:
+    return start, None
+  split = options.split or cfg.data.eval_split
+  source = sources.make_source(cfg.data, split, cfg.model.vocab_size, cfg.train.seed)
+  originals = np.stack([source.image(i % len(source)) for i in range(options.num_samples)])
+  rows = originals[:, :options.prompt_rows].reshape(options.num_samples, -1).astype(np.int32)
+  return np.concatenate([start, rows], axis=1), originals
+
+
+def _text_prompts(cfg, options: SampleOptions) -> np.ndarray:
+  if not options.prompt:
+    raise ValueError("the prompt is empty, but text models have no start (BOS) token: every prediction is "
+                     "conditioned on real bytes. Give at least one byte, e.g. --prompt=$'\\n' or --prompt='The '.")
+  if cfg.model.vocab_size < 256:
+    raise ValueError(f"model.vocab_size={cfg.model.vocab_size} cannot hold byte prompts; sample a byte-level model "
+                     "(vocab_size 256).")
+  return np.tile(np.frombuffer(options.prompt, np.uint8).astype(np.int32), (options.num_samples, 1))
+
+
+def _lengths(cfg, options: SampleOptions, prompt_len: int, image_size: int | None) -> tuple[int, int]:
+  """(max_new_tokens, max_len), checked: the prompt and the new tokens must fit in the cache."""
+  max_len = options.max_len or cfg.data.seq_len
+  if prompt_len > max_len:
+    raise ValueError(f"the prompt has {prompt_len} tokens but the cache holds max_len={max_len} (data.seq_len by "
+                     "default); shorten the prompt or raise --max_len (beyond data.seq_len the model "
+                     "extrapolates).")
+  fits = max_len - prompt_len + 1
+  default_new = min(256, fits) if image_size is None else image_size + 1 - prompt_len
+  new = options.max_new_tokens if options.max_new_tokens is not None else default_new
+  if image_size is not None and new != default_new:
+    raise ValueError(f"max_new_tokens={new}, but completing the image after {options.prompt_rows} given rows takes "
+                     f"{default_new} tokens; leave max_new_tokens unset for image configs.")
+  if new < 1:
+    raise ValueError(f"max_new_tokens={new} must be >= 1.")
+  if prompt_len + new - 1 > max_len:
+    raise ValueError(f"the prompt ({prompt_len} tokens) plus max_new_tokens={new} exceeds the cache of max_len="
+                     f"{max_len} tokens (data.seq_len by default); lower --max_new_tokens to "
+                     f"{fits} or raise --max_len (beyond data.seq_len the model extrapolates).")
+  return new, max_len
+
+
+def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=print) -> dict:
+  """Samples from the newest checkpoint in `workdir`. Returns {'step', 'tokens' [N, new] int32, 'seconds',
+  'texts' (bytes each, prompt + continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
+  model_cfg = ModelConfig.from_dict(cfg.model)
+  if options.num_samples < 1:
+    raise ValueError(f"num_samples={options.num_samples} must be >= 1.")
+  if options.end_byte is not None and not 0 <= options.end_byte < model_cfg.vocab_size:
+    raise ValueError(f"end_byte={options.end_byte} is outside the vocabulary 0..{model_cfg.vocab_size - 1}.")
+  shape = sources.image_shape(cfg.data)
+  image_size = None if shape is None else int(np.prod(shape))
+  if shape is None:
+    prompts, originals = _text_prompts(cfg, options), None
+  else:
+    prompts, originals = _image_prompts(cfg, options, shape)
+  new, _ = _lengths(cfg, options, prompts.shape[1], image_size)
+
+  mesh = sharding.make_mesh(cfg.mesh)
+  rules = sharding.logical_rules(cfg.mesh)
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+  rows = -(-options.num_samples // sharding.batch_parallelism(mesh, rules)) * sharding.batch_parallelism(mesh, rules)
+  padded = np.concatenate([prompts, np.repeat(prompts[-1:], rows - len(prompts), axis=0)])
+  with jax.set_mesh(mesh):
+    params, param_shardings, step = restore_params(cfg, workdir, mesh, log)
+    lo, hi = sharding.process_rows(batch_sharding, rows, padded.shape[1:])
+    prompt_BxP = jax.make_array_from_process_local_data(batch_sharding, padded[lo:hi], padded.shape)
+    end = options.end_byte if shape is None else None
+
+    def generate(params, prompt_BxP, rng):
+      return sampling.generate(params, model_cfg, prompt_BxP, max_new_tokens=new, rng=rng,
+                               temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+                               end_token=end)
+
+    rng = jax.random.key(options.seed)
+    begin = time.perf_counter()
+    program = jax.jit(generate, in_shardings=(param_shardings, batch_sharding, None),
+                      out_shardings=sharding.replicated(mesh)).lower(params, prompt_BxP, rng).compile()
+    compiled = time.perf_counter() - begin
+    begin = time.perf_counter()
+    tokens = sharding.to_host(program(params, prompt_BxP, rng))[:options.num_samples]
+    seconds = time.perf_counter() - begin
+  log(f"step {step}: {options.num_samples} samples x {new} tokens in {seconds:.2f}s "
+      f"({options.num_samples * new / seconds:,.0f} tokens/s with the KV cache; compiled in {compiled:.1f}s)")
+  result = dict(step=step, tokens=tokens, seconds=seconds)
+  if shape is None:
+    result["texts"] = [_text(options.prompt, row, options.end_byte) for row in tokens]
+    return result
+  return dict(result, **_write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log))
+
+
+def _text(prompt: bytes, row: np.ndarray, end_byte: int | None) -> bytes:
+  row = [int(t) for t in row]
+  if end_byte is not None and end_byte in row:
+    row = row[:row.index(end_byte) + 1]
+  return prompt + bytes(t for t in row if t < 256)
+
+
+def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log) -> dict:
+  from hourglass_jax.data.images import save_png_grid, tokens_to_images  # pylint: disable=import-outside-toplevel
+
+  pixels = np.concatenate([prompts[:, 1:], tokens], axis=1)  # without the start token
+  images = tokens_to_images(pixels, *shape)
+  grid = images if originals is None else np.concatenate([images, originals])
+  path = pathlib.Path(options.output or pathlib.Path(workdir) / "samples" / f"images_step{step}.png")
+  if jax.process_index() == 0:
+    save_png_grid(grid, path, columns=options.num_samples if originals is not None else None,
+                  scale=max(1, 64 // shape[1]))
+  what = "from scratch" if originals is None else (f"from their top {options.prompt_rows} rows (originals in the "
+                                                   "last row)")
+  log(f"wrote {len(images)} images completed {what} to {path}")
+  return dict(images=images, png=str(path))

@@ -1,0 +1,299 @@
+"""Incremental decoding: prefill + cached steps equal the full forward pass for every kind and option; sampling;
+errors. HOURGLASS_FULL_DECODE_TESTS=1 runs every combination (slow on CPU); by default each option runs once."""
+
+import functools
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax.model import ModelConfig, build_model, decode, sampling
+from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
+from hourglass_jax.model.sampling import filter_logits, sample_logits
+from hourglass_jax.testing import random_variables
+from tests.helpers import SMALL, small_config
+
+SINGLE_LEVEL = "1@1 2@3 1@1"
+MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
+TOPDOWN = dict(kind="topdown", scales="4,2,1", layers_per_scale="1,1,1")
+BOTTOMUP = dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2")
+RETINA = dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:1,1:3,3:12")
+# One batch and one total length (= max_len) everywhere, so programs of different configs share shapes.
+BATCH, LENGTH = 13, 12
+FULL = bool(os.environ.get("HOURGLASS_FULL_DECODE_TESTS"))
+VOCAB = SMALL["vocab_size"]
+# NumPy, so that slicing it does not compile a JAX op per slice.
+TOKENS = np.random.default_rng(0).integers(0, VOCAB, size=(BATCH, LENGTH)).astype(np.int32)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def quick_compiles():
+  """These tiny programs run for milliseconds; XLA's optimisations would cost most of the test time."""
+  previous = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
+  """Prompts to prefill besides 0 (decoding from an empty cache): alternating over cases, as each length costs a
+  compile, 5 (a multiple of no factor) or a multiple of every factor; the full run takes 1, 5, 7 and the multiple."""
+  multiple = cfg.pad_multiple * (8 // cfg.pad_multiple)
+  return (1, 5, 7, multiple) if FULL else ((5, multiple)[case % 2],)
+
+
+@functools.cache
+def model_and_params(cfg):
+  model = build_model(cfg)
+  variables = random_variables(model, jnp.zeros((1, LENGTH), jnp.int32))
+  return model, decode.unbox_params(variables)
+
+
+@functools.cache
+def reference_program(cfg, prompts: tuple[int, ...]):
+  """(full forward logits, empty cache, prefills of tokens[:, :P] for P in prompts) as one compiled program: XLA's
+  compile time dominates these tests, and it grows less than the number of programs."""
+  model = build_model(cfg)
+
+  def run(params, tokens_BxL):
+    prefills = [decode.prefill(params, cfg, tokens_BxL[:, :length], LENGTH) for length in prompts]
+    return model.apply({"params": params}, tokens_BxL), decode.init_cache(cfg, BATCH, LENGTH, params), prefills
+
+  return jax.jit(run)
+
+
+@functools.cache
+def jitted_step(cfg):
+  return jax.jit(lambda params, cache, token_B, t: decode.decode_step(params, cfg, cache, token_B, t))
+
+
+def decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len, tokens_BxL=TOKENS):
+  """Logits at positions prompt_len-1 (the prefill's, if any) .. LENGTH-1, decoding the rest of tokens_BxL."""
+  out = [] if first_logits_BxV is None else [first_logits_BxV]
+  for t in range(prompt_len, LENGTH):
+    cache, logits_BxV = jitted_step(cfg)(params, cache, tokens_BxL[:, t], t)
+    out.append(logits_BxV)
+  return np.stack([np.asarray(x) for x in out], axis=1)
+
+
+def describe(cfg):
+  if cfg.kind in ("topdown", "bottomup", "retina"):
+    return f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.position}"
+  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
+
+
+def assert_decoding_matches_forward(cfg, case: int = 0):
+  _, params = model_and_params(cfg)
+  prompts = prompt_lengths(cfg, case)
+  full_BxLxV, empty, prefills = reference_program(cfg, prompts)(params, TOKENS)
+  full_BxLxV = np.asarray(full_BxLxV)
+  runs = [(0, empty, None)] + [(length, *prefilled) for length, prefilled in zip(prompts, prefills)]
+  for prompt_len, cache, first_logits_BxV in runs:
+    logits = decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len)
+    np.testing.assert_allclose(logits, full_BxLxV[:, max(prompt_len - 1, 0):], atol=1e-4, rtol=0,
+                               err_msg=f"{describe(cfg)} prompt {prompt_len}")
+
+
+def hourglass_cases():
+  """Every shorten and every upsample option, each with both hierarchies and both position schemes across the
+  cases; HOURGLASS_FULL_DECODE_TESTS=1 runs the full product (80)."""
+  variants = list(itertools.product([SINGLE_LEVEL, MULTI_LEVEL], ["rope", "relative"]))
+  if FULL:
+    cases = [(s, u, h, p) for s, u in itertools.product(SHORTEN, UPSAMPLE) for h, p in variants]
+  else:
+    cases = [(SHORTEN[i % len(SHORTEN)], upsample, *variants[i % len(variants)])
+             for i, upsample in enumerate(UPSAMPLE)]
+  return [(*case, i) for i, case in enumerate(cases)]
+
+
+@pytest.mark.parametrize("shorten, upsample, hierarchy, position, case", hourglass_cases())
+def test_hourglass_decoding_matches_forward(shorten, upsample, hierarchy, position, case):
+  assert_decoding_matches_forward(small_config(hierarchy=hierarchy, shorten=shorten, upsample=upsample,
+                                               position=position), case)
+
+
+@pytest.mark.parametrize("position", ["rope", "relative"] if FULL else ["rope"])
+def test_vanilla_decoding_matches_forward(position):
+  assert_decoding_matches_forward(small_config(kind="vanilla", hierarchy="2@1", position=position))
+
+
+@pytest.mark.skipif(not FULL, reason="new shapes, slow on CPU; set HOURGLASS_FULL_DECODE_TESTS=1")
+@pytest.mark.parametrize("hierarchy", ["0@1 1@2 1@6 0@2 1@1", "1@1 1@5 1@1"])
+def test_other_hierarchies_decoding_matches_forward(hierarchy):
+  assert_decoding_matches_forward(small_config(hierarchy=hierarchy, shorten="attention_linear",
+                                               upsample="attention_linear"))
+
+
+def multiscale_config(fields, **overrides):
+  return ModelConfig(**{**SMALL, **fields, **overrides})
+
+
+def multiscale_cases():
+  """Each kind with both position schemes between its cases, and every downsampler and top-down upsampler; the full
+  run takes every kind x downsampler (x upsampler) x position, and other scales (a scale with no layers, 3 and 6)."""
+  if not FULL:
+    return [multiscale_config(TOPDOWN, downsampler="avg", upsampler="transposed_conv", position="rope"),
+            multiscale_config(TOPDOWN, downsampler="conv", upsampler="repeat", position="relative"),
+            multiscale_config(BOTTOMUP, downsampler="conv", position="relative"),
+            multiscale_config(RETINA, downsampler="conv", position="rope")]
+  cases = []
+  for fields in (TOPDOWN, BOTTOMUP, RETINA):
+    upsamplers = UPSAMPLERS if fields is TOPDOWN else UPSAMPLERS[:1]
+    for down, up, position in itertools.product(DOWNSAMPLERS, upsamplers, ["rope", "relative"]):
+      cases.append(multiscale_config(fields, downsampler=down, upsampler=up, position=position))
+  return cases + [
+      multiscale_config(TOPDOWN, scales="6,3,1", layers_per_scale="1,0,1", downsampler="conv"),
+      multiscale_config(RETINA, scales="6,2,1", retina_windows="0:2,2:7,7:11", downsampler="conv",
+                        position="relative")]
+
+
+MULTISCALE_CASES = multiscale_cases()
+
+
+@pytest.mark.parametrize("case", range(len(MULTISCALE_CASES)), ids=[describe(c) for c in MULTISCALE_CASES])
+def test_multiscale_decoding_matches_forward(case):
+  assert_decoding_matches_forward(MULTISCALE_CASES[case], case)
+
+
+def conds(eqns):
+  return [eqn for eqn in eqns if eqn.primitive.name == "cond"]
+
+
+def nested_conds(eqns):
+  """Depth of the cond nesting and the number of conds at each depth (all branches)."""
+  counts, level = [], conds(eqns)
+  while level:
+    counts.append(len(level))
+    level = [inner for eqn in level for branch in eqn.params["branches"] for inner in conds(branch.jaxpr.eqns)]
+  return counts
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    (small_config(hierarchy=MULTI_LEVEL), [1, 1]),  # factor 2 under one cond, factor 4 inside its taken branch
+    (multiscale_config(TOPDOWN), [1, 1]),            # scale 2, then scale 4 inside it
+    (multiscale_config(BOTTOMUP), [1, 1]),
+    (multiscale_config(RETINA), [2, 2]),             # the same chain in each of the 2 blocks
+], ids=["hourglass", "topdown", "bottomup", "retina"])
+def test_coarse_levels_run_under_nested_conds(cfg, expected):
+  """A step runs a level (scale) of factor F only under lax.cond(position % F == 0), nested by factor."""
+  _, params = model_and_params(cfg)
+  cache = decode.init_cache(cfg, BATCH, LENGTH, params)
+  jaxpr = jax.make_jaxpr(lambda c, t: decode.decode_step(params, cfg, c, TOKENS[:, 0], t))(cache, 3)
+  # Each cond has an identity branch with no conds, so count per level over all branches.
+  assert nested_conds(jaxpr.eqns) == expected
+
+
+GEN_CASE = 1  # test_hourglass_decoding_matches_forward's case 1, whose programs are compiled already
+GEN_CFG = small_config(hierarchy=SINGLE_LEVEL, shorten="linear", upsample="linear", position="relative")
+
+
+def greedy_by_full_forward(cfg, case, params, prompt_len):
+  """Greedy continuation of TOKENS[:, :prompt_len] to LENGTH by one full forward per token."""
+  forward = reference_program(cfg, prompt_lengths(cfg, case))
+  tokens = TOKENS.copy()
+  for t in range(prompt_len - 1, LENGTH - 1):
+    logits_BxLxV = np.asarray(forward(params, tokens)[0])  # later tokens cannot affect position t
+    tokens[:, t + 1] = np.argmax(logits_BxLxV[:, t], axis=-1)
+  return tokens[:, prompt_len:]
+
+
+def test_greedy_generation_matches_repeated_full_forwards():
+  _, params = model_and_params(GEN_CFG)
+  prompt_len = 4
+  cached = sampling.generate(params, GEN_CFG, TOKENS[:, :prompt_len], max_new_tokens=LENGTH - prompt_len, rng=0,
+                             temperature=0.0)
+  assert cached.shape == (BATCH, LENGTH - prompt_len) and cached.dtype == jnp.int32
+  np.testing.assert_array_equal(cached, greedy_by_full_forward(GEN_CFG, GEN_CASE, params, prompt_len))
+
+
+@pytest.mark.parametrize("case", range(len(MULTISCALE_CASES)), ids=[describe(c) for c in MULTISCALE_CASES])
+def test_multiscale_greedy_decoding_matches_repeated_full_forwards(case):
+  """Greedy decoding with the compiled prefill and step of the equality test (generate's loop is kind-agnostic
+  and tested above)."""
+  cfg = MULTISCALE_CASES[case]
+  _, params = model_and_params(cfg)
+  prompts = prompt_lengths(cfg, case)
+  _, _, prefills = reference_program(cfg, prompts)(params, TOKENS)
+  cache, logits_BxV = prefills[0]
+  tokens = TOKENS.copy()
+  for t in range(prompts[0], LENGTH):
+    tokens[:, t] = np.argmax(np.asarray(logits_BxV), axis=-1)
+    cache, logits_BxV = jitted_step(cfg)(params, cache, tokens[:, t], t)
+  np.testing.assert_array_equal(tokens[:, prompts[0]:], greedy_by_full_forward(cfg, case, params, prompts[0]))
+
+
+def test_generation_stops_at_the_end_token():
+  _, params = model_and_params(GEN_CFG)
+  prompt, num_new = TOKENS[:, :4], LENGTH - 4  # the greedy test's program
+  greedy = np.asarray(sampling.generate(params, GEN_CFG, prompt, max_new_tokens=num_new, rng=0, temperature=0.0))
+  end = int(greedy[0, 2])
+  stopped = np.asarray(sampling.generate(params, GEN_CFG, prompt, max_new_tokens=num_new, rng=0, temperature=0.0,
+                                       end_token=end))
+  for row, out in zip(greedy, stopped):
+    hits = np.flatnonzero(row == end)
+    stop = hits[0] + 1 if hits.size else num_new
+    np.testing.assert_array_equal(out[:stop], row[:stop])
+    assert np.all(out[stop:] == end)
+
+
+def test_sampled_generation_is_reproducible_for_a_seed():
+  cfg = small_config(kind="vanilla", hierarchy="2@1")
+  _, params = model_and_params(cfg)
+  sample = lambda seed: np.asarray(sampling.generate(params, cfg, TOKENS[:, :3], max_new_tokens=LENGTH - 3, rng=seed,
+                                                   temperature=1.5, top_k=20, top_p=0.95))
+  first = sample(7)
+  np.testing.assert_array_equal(first, sample(7))
+  assert not np.array_equal(first, sample(8))
+  assert first.min() >= 0 and first.max() < VOCAB
+
+
+# A fixed logits vector: probabilities 0.4, 0.25, 0.15, 0.1, 0.06, 0.04 at shuffled token ids.
+PROBS = np.array([0.1, 0.4, 0.04, 0.15, 0.25, 0.06])
+LOGITS = jnp.asarray(np.log(PROBS), jnp.float32)[None]
+
+
+def draws(top_k=0, top_p=1.0, temperature=1.0, seed=0, num=4000):
+  logits_NxV = jnp.tile(LOGITS, (num, 1))
+  return np.asarray(sample_logits(jax.random.key(seed), logits_NxV, temperature=temperature, top_k=top_k,
+                                  top_p=top_p))
+
+
+@pytest.mark.parametrize("top_k, top_p, allowed", [
+    (3, 1.0, {1, 4, 3}), (1, 1.0, {1}), (0, 0.7, {1, 4, 3}), (0, 0.6, {1, 4}), (0, 0.3, {1}), (2, 0.9, {1, 4}),
+    (0, 1.0, {0, 1, 2, 3, 4, 5})])
+def test_top_k_and_top_p_allow_exactly_the_right_tokens(top_k, top_p, allowed):
+  kept = np.flatnonzero(np.isfinite(np.asarray(filter_logits(LOGITS, top_k=top_k, top_p=top_p)[0])))
+  assert set(kept.tolist()) == allowed
+  assert set(np.unique(draws(top_k, top_p)).tolist()) == allowed
+
+
+def test_filtered_sampling_renormalises_the_kept_probabilities():
+  counts = np.bincount(draws(top_k=3), minlength=len(PROBS)) / 4000
+  np.testing.assert_allclose(counts[[1, 4, 3]], PROBS[[1, 4, 3]] / 0.8, atol=0.03)
+
+
+def test_sampling_is_reproducible_and_temperature_zero_is_greedy():
+  np.testing.assert_array_equal(draws(seed=3), draws(seed=3))
+  assert not np.array_equal(draws(seed=3), draws(seed=4))
+  assert set(np.unique(draws(temperature=0.0)).tolist()) == {1}
+  assert np.mean(draws(temperature=0.05) == 1) > 0.99
+
+
+def test_errors_are_clear():
+  cfg = small_config()
+  _, params = model_and_params(cfg)
+  with pytest.raises(ValueError, match="max_len"):
+    decode.prefill(params, cfg, TOKENS, LENGTH - 1)
+  with pytest.raises(ValueError, match="at least 1 token"):
+    decode.prefill(params, cfg, TOKENS[:, :0], LENGTH)
+  with pytest.raises(ValueError, match="BOS"):
+    sampling.generate(params, cfg, TOKENS[:, :0], max_new_tokens=3, rng=0)
+  with pytest.raises(ValueError, match="window 3:12 of the scale-4 heads starts beyond"):
+    decode.init_cache(multiscale_config(RETINA), BATCH, 3)
+  with pytest.raises(ValueError, match="needs `params`"):
+    decode.init_cache(small_config(position="relative"), BATCH, LENGTH)
+  with pytest.raises(ValueError, match="top_p"):
+    filter_logits(LOGITS, top_p=0.0)

@@ -1,0 +1,112 @@
+"""hourglass-sample: a trained checkpoint restored read-only and sampled with the KV cache (text and images),
+reproducible for a seed, with clear errors for bad input."""
+
+import importlib.util
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hourglass_jax.sample import SampleOptions, _check_same_model, sample
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.loop import train_and_evaluate
+from tests.train_util import command_env, quiet, tiny_config, train_command
+
+# The shared one-layer config (tiny_config = train_util.FLAGS), so the command line and in-process calls agree.
+TEXT = dict(prompt=b"def ", num_samples=3, max_new_tokens=24, temperature=0.8, top_k=40, seed=3)
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("text_run")
+  train_and_evaluate(tiny_config(steps=2), workdir, log=quiet)
+  return workdir
+
+
+def sample_command(workdir, *flags):
+  """`hourglass-sample` on the shared config; stdout as bytes (samples need not be valid UTF-8)."""
+  return subprocess.run(train_command(workdir, *flags, entry="sample_entry"), capture_output=True, timeout=300,
+                        env=command_env())
+
+
+def test_sample_command_prints_the_samples_the_library_draws_for_the_seed(text_run):
+  out = sample_command(text_run, "--prompt=def ", "--num_samples=3", "--max_new_tokens=24", "--temperature=0.8",
+                       "--top_k=40", "--seed=3")
+  assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
+  assert b"step 2: 3 samples x 24 tokens" in out.stdout and b"tokens/s" in out.stdout
+  printed = [chunk.split(b" ---\n", 1)[1][:-1] for chunk in out.stdout.split(b"--- sample ")[1:]]
+
+  first = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
+  assert first["step"] == 2 and first["tokens"].shape == (3, 24)
+  assert printed == first["texts"]  # the same draws in another process
+  assert all(text.startswith(b"def ") and len(text) == 4 + 24 for text in first["texts"])
+  assert len(set(first["texts"])) == 3  # the rows are independent draws
+
+  again = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
+  np.testing.assert_array_equal(again["tokens"], first["tokens"])
+  other = sample(tiny_config(), text_run, SampleOptions(**dict(TEXT, seed=4)), log=quiet)
+  assert not np.array_equal(other["tokens"], first["tokens"])
+
+
+def test_end_byte_cuts_each_text_after_it(text_run):
+  end = 32
+  result = sample(tiny_config(), text_run, SampleOptions(**dict(TEXT, end_byte=end)), log=quiet)
+  for text, row in zip(result["texts"], result["tokens"]):
+    hits = np.flatnonzero(row == end)
+    if hits.size:
+      assert text == b"def " + bytes(row[:hits[0] + 1].tolist()) and np.all(row[hits[0]:] == end)
+    else:
+      assert len(text) == 4 + 24
+
+
+@pytest.mark.parametrize("options, error, match", [
+    (dict(prompt=b""), ValueError, r"the prompt is empty, but text models have no start \(BOS\) token"),
+    (dict(prompt=b"x" * 60), ValueError, r"the prompt has 60 tokens but the cache holds max_len=48"),
+    (dict(prompt=b"x" * 40, max_new_tokens=20), ValueError, r"lower --max_new_tokens to 9 or raise --max_len"),
+    (dict(num_samples=0), ValueError, r"num_samples=0 must be >= 1"),
+])
+def test_bad_input_is_refused_before_anything_compiles(text_run, options, error, match):
+  with pytest.raises(error, match=match):
+    sample(tiny_config(), text_run, SampleOptions(**dict(dict(prompt=b"ab"), **options)), log=quiet)
+
+
+def test_workdir_without_a_checkpoint_and_a_mismatched_config_are_refused(text_run, tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint under .*train first with hourglass-train"):
+    sample(tiny_config(), tmp_path, SampleOptions(prompt=b"ab"), log=quiet)
+  with pytest.raises(TrainError, match=r"different model shape \(model.d_model: checkpoint 32, config 64\)"):
+    sample(tiny_config(model=dict(d_model=64)), text_run, SampleOptions(prompt=b"ab"), log=quiet)
+  # Settings that leave every shape alone but change the function are caught from the checkpoint's metadata.
+  saved = dict(tiny_config(model=dict(kind="hourglass", hierarchy="1@1 1@2 1@1")).model)
+  with pytest.raises(ValueError, match=r"model.hierarchy: checkpoint '1@1 1@2 1@1', config '1@1 1@3 1@1'"):
+    _check_same_model(dict(saved, hierarchy="1@1 1@3 1@1"), saved, "checkpoints", 2)
+  vanilla = dict(tiny_config().model)
+  _check_same_model(dict(vanilla, dropout=0.3, shorten="linear"), vanilla, "checkpoints", 2)  # no effect on it
+
+
+def test_sample_command_reports_bad_input_without_a_traceback(text_run):
+  out = sample_command(text_run, "--prompt=")
+  assert out.returncode != 0
+  assert b"error: the prompt is empty" in out.stderr and b"Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="the digits ship with scikit-learn")
+def test_image_models_complete_images_from_scratch_and_from_real_top_rows(tmp_path):
+  cfg = tiny_config(steps=2, data=dict(name="digits", seq_len=64, data_dir=str(tmp_path / "data")))
+  train_and_evaluate(cfg, tmp_path / "run", log=quiet)
+  scratch = sample(cfg, tmp_path / "run", SampleOptions(num_samples=3), log=quiet)
+  assert scratch["images"].shape == (3, 8, 8, 1) and scratch["images"].dtype == np.uint8
+  assert scratch["png"].endswith("samples/images_step2.png")
+  assert np.asarray(Image.open(scratch["png"])).shape == (8 * (2 * 9 + 1), 8 * (2 * 9 + 1))  # 2x2 grid, scale 8
+
+  rows = 3
+  completed = sample(cfg, tmp_path / "run", SampleOptions(num_samples=2, prompt_rows=rows, split="test",
+                                                          output=str(tmp_path / "grid.png")), log=quiet)
+  assert completed["tokens"].shape == (2, 64 - rows * 8)
+  from hourglass_jax.data import sources
+  test_images = sources.make_source(cfg.data, "test", 256, 0)
+  for i, image in enumerate(completed["images"]):
+    np.testing.assert_array_equal(image[:rows], test_images.image(i)[:rows])
+  assert np.asarray(Image.open(tmp_path / "grid.png")).shape == (8 * (2 * 9 + 1), 8 * (2 * 9 + 1))  # + originals
+  with pytest.raises(ValueError, match=r"completing the image after 3 given rows takes 40 tokens"):
+    sample(cfg, tmp_path / "run", SampleOptions(prompt_rows=3, max_new_tokens=10), log=quiet)
