@@ -1,10 +1,14 @@
 # `make train`: the main job. `make test`: the test suite. Both set up .venv first (Python >= 3.12).
+# `make bench` / `make bench-quick`: the benchmark suite (see BENCHMARKS.md), full (about an hour on 2 CPU cores)
+# or quick (a few minutes).
 VENV := .venv
 STAMP := $(VENV)/.installed
 WORKDIR ?= workdirs/default
 CONFIG ?= configs/default.py
 
-.PHONY: train test setup clean
+BENCH_STAMP := $(VENV)/.bench-installed
+
+.PHONY: train test setup clean bench bench-quick
 
 $(STAMP): setup.cfg pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh
@@ -18,5 +22,19 @@ train: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q
 
+$(BENCH_STAMP): $(STAMP) setup.cfg
+	$(VENV)/bin/python -m pip install --quiet -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+# The peer (lucidrains' PyTorch Hourglass) gets its own venv; without it, the peer comparison is skipped.
+.venv-peer/bin/python:
+	-bash benchmarks/peer/setup_peer.sh
+
+bench: $(BENCH_STAMP) .venv-peer/bin/python
+	$(VENV)/bin/python benchmarks/run_all.py
+
+bench-quick: $(BENCH_STAMP) .venv-peer/bin/python
+	$(VENV)/bin/python benchmarks/run_all.py --quick
+
 clean:
-	rm -rf $(VENV) workdirs .pytest_cache
+	rm -rf $(VENV) .venv-peer .jax_cache workdirs .pytest_cache

@@ -1,0 +1,29 @@
+"""The benchmarked models, each a full training config: the vanilla baseline, Hourglass and top-down.
+
+Default-sized (d 128, 4 heads, ff 512, configs/default.py): `vanilla` (8@1), `hourglass` (2@1 4@3 2@1) and
+`topdown` (scales 16,4,1 with 2,2,4 layers): 8 layers each, 4 of them at full resolution in the hierarchical ones.
+`hourglass_enwik8` is configs/enwik8.py (5@1 24@3 5@1, d 512) and `vanilla_enwik8` its 10-layer full-resolution
+part alone. Data is synthetic (random bytes): the step's cost does not depend on the data.
+"""
+
+from benchmarks.common import load_config
+
+PRESETS = {
+    "vanilla": ("default", dict(kind="vanilla", hierarchy="8@1")),
+    "hourglass": ("default", dict()),
+    "topdown": ("default", dict(kind="topdown", scales="16,4,1", layers_per_scale="2,2,4")),
+    "hourglass_enwik8": ("enwik8", dict()),
+    "vanilla_enwik8": ("enwik8", dict(kind="vanilla", hierarchy="10@1")),
+}
+
+
+def bench_config(preset: str, seq_len: int, batch: int, dtype: str = "float32", **model):
+  """The preset's config for a `batch` x `seq_len` train step in `dtype` (compute; params stay float32)."""
+  name, overrides = PRESETS[preset]
+  cfg = load_config(name)
+  cfg.model.update(dtype=dtype, **overrides)
+  cfg.model.update(model)
+  cfg.data.update(name="synthetic", seq_len=seq_len, batch_size=batch, eval_batches=1)
+  cfg.train.update(steps=1_000_000, warmup_steps=10, eval_every=0, sample_bytes=0, grad_accum_steps=1)
+  cfg.checkpoint.update(every_steps=0)
+  return cfg

@@ -1,0 +1,115 @@
+"""Our train step versus lucidrains' hourglass-transformer-pytorch on the same Hourglass, timed interleaved.
+
+    bash benchmarks/peer/setup_peer.sh          # once: .venv-peer with CPU torch + the peer package
+    .venv/bin/python benchmarks/peer_compare.py [--quick] [--seq_len 768] [--batch 4] [--rounds 5]
+
+Two worker processes (ours in .venv, the peer in .venv-peer) each build their model and train step and warm up;
+then the driver asks them in turn, A B A B ..., for `--steps` timed steps each (forward + backward + clipping +
+Adam update), so load drift hits both alike. Reported: tokens/s of each (median over rounds) and the per-round
+ratio ours / peer. Results: results/peer_compare.json (appended).
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ROOT, append_result, loadavg, median, paired_ratios  # noqa: E402
+
+PEER_PYTHON = ROOT / ".venv-peer" / "bin" / "python"
+QUICK = dict(seq_len=96, batch=2, rounds=2, steps=1)  # 96 = 3 x 32
+
+
+class Worker:
+  """A worker subprocess speaking benchmarks/peer/worker_protocol.py."""
+
+  def __init__(self, command: list[str], timeout_s: float):
+    self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    self.facts = self._read()
+    self.timeout_s = timeout_s
+
+  def _read(self) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith("{"):
+        return json.loads(line)
+    raise RuntimeError(f"worker {self.proc.args} ended with exit code {self.proc.wait()}")
+
+  def time_steps(self, steps: int) -> list[float]:
+    self.proc.stdin.write(f"{steps}\n")
+    self.proc.stdin.flush()
+    return self._read()["seconds"]
+
+  def close(self):
+    if self.proc.poll() is None:
+      self.proc.stdin.write("\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=60)
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--seq_len", type=int, default=768,
+                      help="a multiple of 3: the peer fails on other lengths (NameError in its pad_to_multiple)")
+  parser.add_argument("--batch", type=int, default=4)
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=2, help="timed steps per worker per round")
+  parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+  parser.add_argument("--pin", default="", help="run both workers under `taskset -c PIN` (e.g. 0: one core each)")
+  parser.add_argument("--results", default="")
+  parser.add_argument("--name", default="peer_compare")
+  args = parser.parse_args(argv)
+  if args.quick:
+    if args.name == parser.get_default("name"):
+      args.name += "_quick"  # quick runs never overwrite the full run's plots
+    for key, value in QUICK.items():
+      if parser.get_default(key) == getattr(args, key):
+        setattr(args, key, value)
+  return args
+
+
+def main(argv=None) -> dict | None:
+  args = parse_args(argv)
+  if not PEER_PYTHON.exists():
+    print(f"no peer venv at {PEER_PYTHON}: run `bash benchmarks/peer/setup_peer.sh` first; skipping.")
+    return None
+  start = time.perf_counter()
+  shape = [str(args.seq_len), str(args.batch)]
+  threads = [str(args.threads)] if args.threads else []
+  pin = ["taskset", "-c", args.pin] if args.pin else []
+  ours = Worker([*pin, sys.executable, "benchmarks/peer/ours_worker.py", *shape], 600)
+  peer = Worker([*pin, str(PEER_PYTHON), "benchmarks/peer/peer_worker.py", *shape, *threads], 600)
+  try:
+    times, loads = {"ours": [], "peer": []}, []
+    for _ in range(args.rounds):
+      times["ours"].append(median(ours.time_steps(args.steps)))
+      times["peer"].append(median(peer.time_steps(args.steps)))
+      loads.append(loadavg()[0])
+  finally:
+    ours.close()
+    peer.close()
+  tokens = args.seq_len * args.batch
+  ratios = [1 / r for r in paired_ratios(times["ours"], times["peer"])]  # tokens/s ours / peer
+  record = dict(args=vars(args), ours=ours.facts, peer=peer.facts, step_s=times, loads=loads,
+                tokens_per_s={k: tokens / median(v) for k, v in times.items()},
+                speed_ratio_median=median(ratios), speed_ratios=ratios, wall_s=round(time.perf_counter() - start, 1))
+  print(f"ours: {ours.facts['config']}, {ours.facts['params']:,} params, {record['tokens_per_s']['ours']:,.0f} tok/s")
+  print(f"peer: {peer.facts['config']}, {peer.facts['params']:,} params, {record['tokens_per_s']['peer']:,.0f} tok/s "
+        f"(torch {peer.facts['torch']}, {peer.facts['threads']} threads)")
+  flops = peer.facts.get("torch_flops")
+  if flops:
+    print(f"FLOPs per step: ours {ours.facts['model_flops'] / 1e9:.2f} G analytic, {ours.facts['xla_flops'] / 1e9:.2f} "
+          f"G XLA; peer {flops / 1e9:.2f} G (torch FlopCounterMode, forward + backward)")
+  print(f"tokens/s ours / peer: median {record['speed_ratio_median']:.2f} over {len(ratios)} interleaved rounds "
+        f"(each {', '.join(f'{r:.2f}' for r in ratios)}), load {loads}")
+  path = append_result(args.name, record, pathlib.Path(args.results) if args.results else None)
+  print(f"appended to {path}")
+  return record
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,48 @@
+"""The benchmark suite in one bounded run: matmul peak + throughput/MFU/cost curves, peer comparison, learning
+efficiency. Each piece runs as its own process (memory is returned between them) and appends to results/.
+
+    .venv/bin/python benchmarks/run_all.py [--quick]     # or: make bench / make bench-quick
+
+Full mode is sized for about an hour on 2 busy CPU cores (compilation dominates); --quick for about a few minutes
+(tiny models, one length; each piece about a minute once .jax_cache holds its programs).
+"""
+
+import argparse
+import pathlib
+import subprocess
+import sys
+import time
+
+BENCH = pathlib.Path(__file__).resolve().parent
+FULL = (
+    ("throughput.py", "--lengths", "512,2048,4096,8192", "--model", "dropout=0.0", "--rounds", "3",
+     "--budget_s", "600", "--max_step_s", "60", "--memory_gib", "10"),
+    ("throughput.py", "--presets", "hourglass_enwik8", "--lengths", "2049", "--rounds", "2", "--budget_s", "600",
+     "--max_step_s", "300", "--memory_gib", "14", "--name", "enwik8_mfu", "--no_plot"),
+    ("peer_compare.py",),
+    ("learning.py",),
+)
+QUICK = (("throughput.py", "--quick"), ("peer_compare.py", "--quick"), ("learning.py", "--quick"))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--only", default="", help="comma-separated script names to run (default all)")
+  args = parser.parse_args()
+  failed = []
+  for script, *flags in QUICK if args.quick else FULL:
+    if args.only and script.removesuffix(".py") not in args.only.split(","):
+      continue
+    print(f"\n=== {script} {' '.join(flags)}", flush=True)
+    start = time.perf_counter()
+    code = subprocess.call([sys.executable, str(BENCH / script), *flags])
+    print(f"=== {script}: exit {code} after {time.perf_counter() - start:.0f} s", flush=True)
+    if code:
+      failed.append(script)
+  if failed:
+    sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+  main()
