@@ -1,7 +1,7 @@
 """Downsampled ImageNet 64x64 as in the Hourglass paper: 3@1 12@3 3@1, d 768, linear / linear."""
 
 from hourglass_jax.config_base import base_config
-from hourglass_jax.config_scale import apply_preset
+from hourglass_jax.config_scale import LONG_SEQUENCE_PRESETS, apply_preset
 
 
 def get_config(preset: str = ""):
@@ -15,4 +15,4 @@ def get_config(preset: str = ""):
   cfg.train.update(steps=500_000, learning_rate=3.5e-4, schedule="rsqrt", warmup_steps=8_000,
                    b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, eval_every=10_000)
   cfg.checkpoint.update(every_steps=2_000)
-  return apply_preset(cfg, preset, "imagenet64")
+  return apply_preset(cfg, preset, "imagenet64", LONG_SEQUENCE_PRESETS)
