@@ -1,5 +1,5 @@
 # `make train`: the main job. `make test`: the test suite. Both set up .venv first (Python >= 3.12).
-# `make bench` / `make bench-quick`: the benchmark suite (see BENCHMARKS.md), full (about an hour on 2 CPU cores)
+# `make bench` / `make bench-quick`: the benchmark suite (see BENCHMARKS.md), full (about 1.5 hours on 2 busy CPU cores)
 # or quick (a few minutes).
 VENV := .venv
 STAMP := $(VENV)/.installed
