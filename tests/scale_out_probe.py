@@ -101,17 +101,16 @@ def last_step(path) -> int:
   return max(steps, default=0)
 
 
-def read(path) -> tuple[list[list[str]], dict[int, list[float]]]:
-  """(row hashes per batch of the first attempt, {step: [loss of each attempt]}) from one probe file."""
-  batches, losses, resumed = [], {}, False
+def read(path) -> tuple[list[list[list[str]]], dict[int, list[float]]]:
+  """(row hashes of each batch, per attempt (a resumed run starts a new one), {step: [loss of each attempt]}) from
+  one probe file."""
+  attempts, losses = [[]], {}
   for line in pathlib.Path(path).read_text().splitlines():
-    kind, *rest = line.split()
-    if kind == "paused":
-      continue
+    kind, *rest = line.split() or [""]
     if kind == "resume":
-      resumed = True
-    elif kind == "rows" and not resumed:
-      batches.append(rest)
+      attempts.append([])
+    elif kind == "rows":
+      attempts[-1].append(rest)
     elif kind == "loss" and len(rest) == 2 and rest[1]:
       losses.setdefault(int(rest[0]), []).append(float(rest[1]))
-  return batches, losses
+  return attempts, losses

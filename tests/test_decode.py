@@ -132,8 +132,9 @@ def multiscale_config(fields, **overrides):
 
 
 def multiscale_cases():
-  """Each kind with both position schemes between its cases, and every downsampler and top-down upsampler; the full
-  run takes every kind x downsampler (x upsampler) x position, and other scales (a scale with no layers, 3 and 6)."""
+  """By default every downsampler and upsampler through top-down (with both position schemes), and bottom-up and
+  retina once each (relative / rope, learned pooling; 'avg' pooling is the same code). The full run takes every
+  kind x downsampler (x upsampler) x position, and other scales (a scale with no layers, factors 3 and 6)."""
   if not FULL:
     return [multiscale_config(TOPDOWN, downsampler="avg", upsampler="transposed_conv", position="rope"),
             multiscale_config(TOPDOWN, downsampler="conv", upsampler="repeat", position="relative"),
