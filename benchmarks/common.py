@@ -119,3 +119,16 @@ def parse_overrides(text: str) -> dict:
         pass
     out[key.strip()] = value
   return out
+
+
+def parse_with_quick(parser, argv, quick: dict):
+  """Parses argv; with --quick, options left at their defaults take the `quick` values and the default result
+  name gets a `_quick` suffix, so quick runs never overwrite the full run's results and plots."""
+  args = parser.parse_args(argv)
+  if args.quick:
+    if args.name == parser.get_default("name"):
+      args.name += "_quick"
+    for key, value in quick.items():
+      if parser.get_default(key) == getattr(args, key):
+        setattr(args, key, value)
+  return args

@@ -3,11 +3,11 @@
     .venv/bin/python benchmarks/learning.py [--quick] [--budget_tflop 0.5] [--seeds 0,1] [--data PATH]
 
 Each model trains with `hourglass_jax.train.loop.train_and_evaluate` for budget / (its analytic FLOPs per step)
-steps, so the cheaper Hourglass takes more steps (widths d 64 / 4 heads / ff 256 by default, so the full run
-fits in about ten minutes on 2 busy cores; dropout off for both), then reports validation bits per byte on the whole valid split
-(tinyshakespeare, /work/shared/data/tinyshakespeare.txt when present, else the embedded corpus). Same data
-order, learning rate, schedule shape, batch and length for both. Results: results/learning.json (appended) and
-results/learning_curves.png.
+steps, so the cheaper Hourglass takes more steps (widths d 64 / 4 heads / ff 256 by default, 0.5 TFLOP per run:
+about 5 minutes a run on 2 cores at load ~10; dropout off for both), then reports validation bits per byte on the
+whole valid split (tinyshakespeare, /work/shared/data/tinyshakespeare.txt when present, else the embedded
+corpus). Same data order, learning rate, schedule shape, batch and length for both. Results:
+results/learning.json (appended) and results/learning_curves.png.
 """
 
 import os
@@ -23,7 +23,7 @@ import time  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import plots  # noqa: E402
-from benchmarks.common import append_result, loadavg, parse_overrides  # noqa: E402
+from benchmarks.common import append_result, loadavg, parse_overrides, parse_with_quick  # noqa: E402
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
@@ -47,14 +47,7 @@ def parse_args(argv=None):
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="learning")
   parser.add_argument("--no_plot", action="store_true")
-  args = parser.parse_args(argv)
-  if args.quick:
-    if args.name == parser.get_default("name"):
-      args.name += "_quick"  # quick runs never overwrite the full run's plots
-    for key, value in QUICK.items():
-      if parser.get_default(key) == getattr(args, key):
-        setattr(args, key, value)
-  return args
+  return parse_with_quick(parser, argv, QUICK)
 
 
 def run_config(args, preset: str, seed: int):

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, append_result, loadavg, median, paired_ratios  # noqa: E402
+from benchmarks.common import ROOT, append_result, loadavg, median, paired_ratios, parse_with_quick  # noqa: E402
 
 PEER_PYTHON = ROOT / ".venv-peer" / "bin" / "python"
 QUICK = dict(seq_len=96, batch=2, rounds=2, steps=1)  # 96 = 3 x 32
@@ -62,14 +62,7 @@ def parse_args(argv=None):
   parser.add_argument("--pin", default="", help="run both workers under `taskset -c PIN` (e.g. 0: one core each)")
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="peer_compare")
-  args = parser.parse_args(argv)
-  if args.quick:
-    if args.name == parser.get_default("name"):
-      args.name += "_quick"  # quick runs never overwrite the full run's plots
-    for key, value in QUICK.items():
-      if parser.get_default(key) == getattr(args, key):
-        setattr(args, key, value)
-  return args
+  return parse_with_quick(parser, argv, QUICK)
 
 
 def main(argv=None) -> dict | None:

@@ -8,8 +8,9 @@ dropout needs); nodrop = dropout 0 (jax.nn.dot_product_attention); rbg = dropout
 bf16 / bf16_rbg / bf16_nodrop = bfloat16 compute; noattn_drop = dropout 0.2 on the residual and FFN only (the
 attention probabilities undropped, emulating a proposed model option); u8_drop = dropout 0.2 with the attention
 mask drawn from 8-bit random bytes; ref_nodrop = dropout 0 through the einsum reference attention (the path that
-dropout forces). MFU of each is its analytic FLOPs (3 x forward, attention as the full square) over the float32 matmul peak measured in the same
-rounds. `--dump DIR` writes XLA's optimized HLO of each variant. Results: results/profile_block.json.
+dropout forces). MFU of each is its analytic FLOPs (3 x forward, attention as the full square) over the float32
+matmul peak measured in the same rounds. `--dump DIR` writes XLA's optimized HLO of each variant.
+Results: results/profile_block.json.
 """
 
 import os

@@ -3,8 +3,8 @@ efficiency. Each piece runs as its own process (memory is returned between them)
 
     .venv/bin/python benchmarks/run_all.py [--quick]     # or: make bench / make bench-quick
 
-Full mode is sized for about an hour on 2 busy CPU cores (compilation dominates); --quick for about a few minutes
-(tiny models, one length; each piece about a minute once .jax_cache holds its programs).
+Full mode takes about 1.5 hours on 2 CPU cores shared at load average ~10 (compilation dominates; .jax_cache keeps
+compiled programs for reruns); --quick about 5 minutes (tiny models, one length; each piece 1-2 minutes).
 """
 
 import argparse
@@ -17,8 +17,10 @@ BENCH = pathlib.Path(__file__).resolve().parent
 FULL = (
     ("throughput.py", "--lengths", "512,2048,4096,8192", "--model", "dropout=0.0", "--rounds", "3",
      "--budget_s", "600", "--max_step_s", "60", "--memory_gib", "10"),
-    ("throughput.py", "--presets", "hourglass_enwik8", "--lengths", "2049", "--rounds", "2", "--budget_s", "600",
-     "--max_step_s", "300", "--memory_gib", "14", "--name", "enwik8_mfu", "--no_plot"),
+    # remat: without it the step needs 13 GiB, more than a shared 24 GiB machine reliably has free.
+    ("throughput.py", "--presets", "hourglass_enwik8", "--lengths", "2049", "--dtypes", "float32", "--train",
+     "remat=True", "--rounds", "1", "--budget_s", "300", "--max_step_s", "1000", "--memory_gib", "14", "--name",
+     "enwik8_mfu", "--no_plot"),
     ("peer_compare.py",),
     ("learning.py",),
 )

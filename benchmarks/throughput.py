@@ -24,7 +24,7 @@ import time  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import plots  # noqa: E402
-from benchmarks.common import append_result, available_bytes, interleave, loadavg, median, parse_overrides  # noqa: E402
+from benchmarks.common import append_result, available_bytes, interleave, loadavg, median, parse_overrides, parse_with_quick  # noqa: E402
 from benchmarks.matmul_peak import MatmulProbe  # noqa: E402
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import StepRunner, compile_step  # noqa: E402
@@ -51,14 +51,7 @@ def parse_args(argv=None):
   parser.add_argument("--results", default="", help="results folder (default benchmarks/results)")
   parser.add_argument("--name", default="throughput")
   parser.add_argument("--no_plot", action="store_true")
-  args = parser.parse_args(argv)
-  if args.quick:
-    if args.name == parser.get_default("name"):
-      args.name += "_quick"  # quick runs never overwrite the full run's plots
-    for key, value in QUICK.items():
-      if parser.get_default(key) == getattr(args, key):
-        setattr(args, key, value)
-  return args
+  return parse_with_quick(parser, argv, QUICK)
 
 
 def cases(args) -> list[tuple[str, int, str]]:
