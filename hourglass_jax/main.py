@@ -1,12 +1,13 @@
 """Command-line entry points (absl flags + ml_collections config files): hourglass-train, hourglass-eval."""
 
 import logging
-import os
 import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from hourglass_jax import paths
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file (optionally :preset).",
                                           lock_config=True)
@@ -38,6 +39,12 @@ def _setup(level=absl_logging.WARNING):
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
 
 
+def _check_locations() -> None:
+  """A bucket workdir or data dir that this install cannot open fails here, before devices or data are touched."""
+  paths.check_writable_location(_WORKDIR.value, "--workdir")
+  paths.check_writable_location(_CONFIG.value.data.get("data_dir", ""), "--config.data.data_dir")
+
+
 def _run(fn):
   """Runs fn(); configuration and training faults end the program with their message instead of a traceback
   (pass --verbosity=0 or higher to see the traceback too)."""
@@ -57,8 +64,12 @@ def _train(argv):
   _setup()
   from hourglass_jax.train.loop import train_and_evaluate
 
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  _run(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+  def train():
+    _check_locations()
+    paths.as_path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)
+    return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+  _run(train)
 
 
 def _eval(argv):
@@ -67,7 +78,7 @@ def _eval(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
-  _run(lambda: evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run(lambda: _check_locations() or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
 
 
 def train_entry():
@@ -96,7 +107,8 @@ def _data(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
   from hourglass_jax.data.prepare import prepare_command
 
-  _run(lambda: prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value))
+  _run(lambda: paths.check_writable_location(_DATA_DIR.value or "", "--data_dir")
+       or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value))
 
 
 def data_entry():
@@ -109,7 +121,7 @@ def _sample(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax import sample_flags
 
-  _run(lambda: sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run(lambda: _check_locations() or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
 
 
 def sample_entry():

@@ -6,14 +6,13 @@ padded to, and sharded over, the data-parallel devices like a training batch.
 """
 
 import dataclasses
-import pathlib
 import time
 
 import jax
 import ml_collections
 import numpy as np
 
-from hourglass_jax import sharding
+from hourglass_jax import paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.model import ModelConfig, build_model, sampling
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
@@ -53,7 +52,7 @@ class SampleOptions:
 
 def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
   """(params on `mesh`, their shardings, step) of the newest checkpoint in workdir/checkpoints, read-only."""
-  directory = pathlib.Path(workdir) / "checkpoints"
+  directory = paths.as_path(workdir) / "checkpoints"
   if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
     raise FileNotFoundError(f"no checkpoint under {directory}; train first with hourglass-train "
                             f"--config=... --workdir={workdir}, or point --workdir at a trained run.")
@@ -195,7 +194,7 @@ def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals
   pixels = np.concatenate([prompts[:, 1:], tokens], axis=1)  # without the start token
   images = tokens_to_images(pixels, *shape)
   grid = images if originals is None else np.concatenate([images, originals])
-  path = pathlib.Path(options.output or pathlib.Path(workdir) / "samples" / f"images_step{step}.png")
+  path = paths.as_path(options.output or paths.as_path(workdir) / "samples" / f"images_step{step}.png")
   if jax.process_index() == 0:
     save_png_grid(grid, path, columns=options.num_samples if originals is not None else None,
                   scale=max(1, 64 // shape[1]))

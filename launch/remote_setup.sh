@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs this checkout into ./.venv on a TPU worker or GPU node: `bash launch/remote_setup.sh tpu|cuda12`.
 # jax 0.12 needs Python >= 3.12; TPU VM images ship 3.10, so a missing 3.12 is fetched with uv (no root needed).
-# gcsfs lets Orbax, TFDS and JAX's compilation cache use gs:// paths; google-cloud-storage, TensorBoard's writer.
+# The gcs extra: gcsfs lets Orbax, TFDS and the JAX compilation cache use gs:// paths; google-cloud-storage, TensorBoard.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -28,6 +28,6 @@ if [[ ! -x .venv/bin/python ]]; then
   fi
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[$EXTRA]" gcsfs google-cloud-storage
+.venv/bin/python -m pip install --quiet -e ".[$EXTRA,gcs]"
 # Only the version: touching the devices of one worker of a pod slice would wait for all the others.
 .venv/bin/python -c 'import jax; print("hourglass_jax installed with jax", jax.__version__)'

@@ -15,7 +15,7 @@ usage: launch/tpu.sh COMMAND [flags] [-- hourglass-train flags]
 
 commands
   create     create the TPU VM / pod slice (with --queued: a queued resource, waiting until it is ACTIVE)
-  install    copy this checkout to every worker and install it (.[tpu], gcsfs) into ~/hourglass_jax/.venv
+  install    copy this checkout to every worker and install it (.[tpu,gcs]) into ~/hourglass_jax/.venv
   train      start hourglass-train on all workers (detached; --attach streams the output instead)
   logs       follow worker --worker's log (~/hourglass_train.log)
   collect    copy every worker's log to WORKDIR/logs/

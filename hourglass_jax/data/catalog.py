@@ -1,7 +1,8 @@
 """The TFDS datasets this project trains on (`data.name`), with what preparing each one needs."""
 
 import dataclasses
-import pathlib
+
+from hourglass_jax import paths
 
 # Here rather than in enwik8.py so that reading the table does not import TFDS.
 ENWIK8_URL, ENWIK8_ARCHIVE = "http://mattmahoney.net/dc/enwik8.zip", "enwik8.zip"
@@ -60,7 +61,7 @@ def check_manual_files(spec: DatasetSpec, manual_dir) -> None:
                               f"{spec.manual_files[0][1]}, put them in a folder and run `hourglass-data prepare "
                               f"{spec.name} --manual_dir=FOLDER`.")
     return
-  folder = pathlib.Path(manual_dir).expanduser()
+  folder = paths.as_path(manual_dir)
   for file, url in spec.manual_files:
     if not (folder / file).is_file():
       raise FileNotFoundError(f"{spec.name}: {file} is not in the manual directory {folder}. Download {url} and "

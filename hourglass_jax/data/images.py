@@ -2,9 +2,11 @@
 grids of samples."""
 
 import math
-import pathlib
 
 import numpy as np
+from etils import epath
+
+from hourglass_jax import paths
 
 
 def _check_uint8_images(images: np.ndarray, what: str) -> np.ndarray:
@@ -54,7 +56,7 @@ def image_grid(images_NxHxWxC: np.ndarray, columns: int | None = None, pad: int 
   return grid
 
 
-def save_png_grid(images_NxHxWxC: np.ndarray, path, columns: int | None = None, scale: int = 1) -> pathlib.Path:
+def save_png_grid(images_NxHxWxC: np.ndarray, path, columns: int | None = None, scale: int = 1) -> epath.Path:
   """Writes the images as one PNG grid (about square unless `columns` is given), each pixel `scale` x `scale`
   (nearest neighbour, for tiny images); returns the path."""
   from PIL import Image
@@ -64,7 +66,8 @@ def save_png_grid(images_NxHxWxC: np.ndarray, path, columns: int | None = None, 
     grid = grid.repeat(scale, axis=0).repeat(scale, axis=1)
   if grid.shape[-1] not in (1, 3, 4):
     raise ValueError(f"PNG needs 1, 3 or 4 channels; the images have {grid.shape[-1]}.")
-  path = pathlib.Path(path)
+  path = paths.as_path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  Image.fromarray(grid[..., 0] if grid.shape[-1] == 1 else grid).save(path, format="PNG")
+  with path.open("wb") as file:  # a local path or gs://
+    Image.fromarray(grid[..., 0] if grid.shape[-1] == 1 else grid).save(file, format="PNG")
   return path

@@ -1,13 +1,13 @@
 """`hourglass-data prepare NAME`: build a dataset as array_record files and say what was built and where."""
 
-import pathlib
 import time
 
+from hourglass_jax import paths
 from hourglass_jax.data import catalog, tfds_io
 
 
 def _disk_bytes(path) -> int:
-  return sum(p.stat().st_size for p in pathlib.Path(path).rglob("*") if p.is_file())
+  return sum((folder / name).stat().length for folder, _, files in paths.as_path(path).walk() for name in files)
 
 
 def split_summary(name: str, data_dir: str | None) -> list[str]:

@@ -6,11 +6,12 @@ import functools
 import io
 import logging
 import os
-import pathlib
 
 import requests
 import tensorflow_datasets as tfds
+from etils import epath
 
+from hourglass_jax import paths
 from hourglass_jax.data import catalog
 from hourglass_jax.data.no_tensorflow import without_tensorflow
 # Importing the builders registers them with TFDS under their names.
@@ -30,9 +31,9 @@ def _drop_noise(record) -> bool:
 logging.getLogger("absl").addFilter(_drop_noise)
 
 
-def resolve_data_dir(data_dir: str | None) -> pathlib.Path:
-  """data.data_dir, or TFDS's default ($TFDS_DATA_DIR, else ~/tensorflow_datasets) when empty."""
-  return pathlib.Path(data_dir or os.environ.get("TFDS_DATA_DIR") or tfds.core.constants.DATA_DIR).expanduser()
+def resolve_data_dir(data_dir: str | None) -> epath.Path:
+  """data.data_dir, or TFDS's default ($TFDS_DATA_DIR, else ~/tensorflow_datasets) when empty; gs:// kept."""
+  return paths.as_path(data_dir or os.environ.get("TFDS_DATA_DIR") or tfds.core.constants.DATA_DIR)
 
 
 def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetBuilder:
@@ -40,9 +41,13 @@ def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetB
 
 
 @contextlib.contextmanager
-def _build_lock(root: pathlib.Path, name: str):
-  """One build of a dataset at a time per data dir (several processes of one host may start together)."""
+def _build_lock(root: epath.Path, name: str):
+  """One build of a dataset at a time per local data dir (several processes of one host may start together).
+  A bucket has no file locks: `hourglass-data prepare` builds there from one machine, training never does."""
   root.mkdir(parents=True, exist_ok=True)
+  if paths.is_remote(root):
+    yield
+    return
   with open(root / f".{name.replace('/', '_')}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
@@ -66,7 +71,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     if manual_dir:
       kwargs.setdefault("paths", [manual_dir])
   elif manual_dir:
-    download_config = tfds.download.DownloadConfig(manual_dir=os.fspath(pathlib.Path(manual_dir).expanduser()))
+    download_config = tfds.download.DownloadConfig(manual_dir=os.fspath(paths.as_path(manual_dir)))
     if name == "enwik8":
       kwargs.setdefault("allow_download", False)  # the user said where the file is: do not go online
   root = resolve_data_dir(data_dir)
@@ -107,7 +112,7 @@ def open_split(name: str, split: str, data_dir: str = ""):
   root = resolve_data_dir(data_dir)
   builder = get_builder(name, os.fspath(root))
   if not builder.is_prepared():
-    if not spec.automatic:
+    if not spec.automatic or paths.is_remote(root):  # several hosts would race to build it on a bucket
       raise FileNotFoundError(
           f"data.name={name!r} is not prepared under {root} (data.data_dir). Prepare it first: `hourglass-data "
           f"prepare {name} --data_dir={root}` (needs {spec.needs}).")

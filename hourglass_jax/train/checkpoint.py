@@ -4,7 +4,6 @@ ones skipped."""
 
 import errno
 import json
-import pathlib
 import time
 
 import jax
@@ -12,6 +11,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
+from hourglass_jax import paths
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.state import TrainState
 
@@ -36,7 +36,7 @@ class Checkpoints:
 
   def __init__(self, directory, every_steps: int = 0, keep: int = 3, async_save: bool = True, log=print,
                read_only: bool = False):
-    self.directory, self.log, self.read_only = pathlib.Path(directory).absolute(), log, read_only
+    self.directory, self.log, self.read_only = paths.as_path(directory), log, read_only
     save_policies = [policies.PreemptionCheckpointingPolicy()]
     if every_steps:
       save_policies.append(policies.FixedIntervalPolicy(every_steps))
@@ -138,6 +138,10 @@ class Checkpoints:
     if jax.process_index() == 0:
       aside = self.directory.parent / "checkpoints_unreadable"
       aside.mkdir(exist_ok=True)
+      readme = aside / "README.txt"
+      if not readme.exists():  # a bucket "folder" exists only once it holds an object, and rename needs it to
+        readme.write_text("Checkpoints that could not be restored, moved here from checkpoints/ by hourglass-train."
+                          "\n")
       (self.directory / str(step)).rename(aside / f"{step}-{int(time.time())}")
     multihost_utils.sync_global_devices(f"checkpoint_moved_aside_{step}")
     self.manager.reload()

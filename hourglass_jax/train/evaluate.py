@@ -2,13 +2,12 @@
 `hourglass-eval`'s evaluation of a checkpoint."""
 
 import math
-import pathlib
 import weakref
 
 import jax
 import ml_collections
 
-from hourglass_jax import sharding
+from hourglass_jax import paths, sharding
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
@@ -51,7 +50,8 @@ def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict
 
 def describe(result: dict, split: str) -> str:
   scope = "whole split" if result["whole_split"] else f"first {result['batches']} batches"
-  what = "images" if result.get("protocol") == "images" else f"{result.get('protocol', 'windows')} windows"
+  protocol = result.get("protocol", "windows")
+  what = protocol if protocol in ("images", "windows") else f"{protocol} windows"
   return (f"{split} bits/{result.get('unit', 'byte')} {result['bits']:.4f} (loss {result['loss']:.4f} nats; "
           f"{result['windows']:,} {what}, {result['tokens']:,} scored tokens, {scope})")
 
@@ -62,7 +62,7 @@ def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str
   mesh = sharding.make_mesh(cfg.mesh)
   trainer = Trainer(cfg, mesh)
   split = split or cfg.data.eval_split
-  directory = pathlib.Path(workdir) / "checkpoints"
+  directory = paths.as_path(workdir) / "checkpoints"
   if not directory.is_dir():
     raise TrainError(f"no checkpoints under {directory}; train first with hourglass-train --workdir={workdir}.")
   with jax.set_mesh(mesh):

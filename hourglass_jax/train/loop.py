@@ -2,7 +2,6 @@
 SIGTERM. Metrics are fetched one step late, so the host never waits for the device it is feeding."""
 
 import math
-import pathlib
 import sys
 import time
 
@@ -10,7 +9,7 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from hourglass_jax import distributed, sharding
+from hourglass_jax import distributed, paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
@@ -54,7 +53,7 @@ class _Meter:
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None, log=log_main) -> dict:
   """Trains `cfg` in `workdir` (resuming from its newest checkpoint) and returns a summary of this call:
   losses per step, last eval, throughput, and whether it finished or stopped for preemption."""
-  workdir = pathlib.Path(workdir)
+  workdir = paths.as_path(workdir)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
   with jax.set_mesh(mesh), SigtermFlag() as sigterm, Checkpoints(

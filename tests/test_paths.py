@@ -1,0 +1,32 @@
+import importlib.util
+import os
+
+import pytest
+
+from hourglass_jax import paths
+from tests.train_util import run, train_command
+
+
+def test_bucket_urls_keep_their_scheme_and_local_paths_become_absolute():
+  assert os.fspath(paths.as_path("gs://bucket/run") / "checkpoints") == "gs://bucket/run/checkpoints"
+  assert os.fspath(paths.as_path("gs://bucket/run").parent) == "gs://bucket"
+  assert os.fspath(paths.as_path("~/run")) == os.path.expanduser("~/run")
+  assert os.fspath(paths.as_path("run")) == os.path.join(os.getcwd(), "run")
+  assert paths.is_remote("gs://bucket/x") and not paths.is_remote("/tmp/gs:/bucket")
+
+
+def test_a_url_this_install_cannot_open_is_refused_with_the_fix(monkeypatch):
+  paths.check_writable_location("/tmp/run", "--workdir")  # local: nothing to check
+  with pytest.raises(ValueError, match="unsupported URL scheme 'ftp'"):
+    paths.check_writable_location("ftp://host/run", "--workdir")
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name in ("gcsfs", "tensorflow") else find_spec(name, *a))
+  with pytest.raises(ValueError, match=r"--workdir=gs://b/run: gs:// paths need the gcsfs package.*\[gcs\]"):
+    paths.check_writable_location("gs://b/run", "--workdir")
+
+
+def test_train_refuses_an_unusable_workdir_url_before_touching_devices():
+  done = run(train_command("ftp://host/run"), timeout=120)
+  assert done.returncode != 0 and "--workdir=ftp://host/run: unsupported URL scheme 'ftp'" in done.stderr
+  assert "devices:" not in done.stdout
