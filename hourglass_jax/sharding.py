@@ -32,10 +32,20 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh with axes data, fsdp, tensor in Auto mode (the compiler propagates shardings)."""
+  """A mesh with axes data, fsdp, tensor in Auto mode (the compiler propagates shardings).
+
+  With several processes, the devices are then grouped by process (a stable sort of jax.make_mesh's order, which
+  follows the TPU torus and can interleave hosts), so each process holds one contiguous block of batch rows and
+  feeds it from its own data shard.
+  """
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_cfg, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  mesh = jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+  if len({d.process_index for d in devices}) > 1:
+    by_process = sorted(mesh.devices.flat, key=lambda d: d.process_index)
+    mesh = Mesh(np.array(by_process).reshape(shape), MESH_AXES, axis_types=axis_types)
+  return mesh
 
 
 def logical_rules(mesh_cfg) -> tuple[tuple[str, Any], ...]:
@@ -98,8 +108,9 @@ def process_rows(sharding: NamedSharding, global_batch: int, row_shape: tuple[in
   for a, b in rows:
     covered[a:b] = True
   if not covered[start:stop].all():
-    raise ValueError("this process's devices hold a non-contiguous set of batch rows; order the mesh devices by "
-                     "process (jax.make_mesh does) so each process feeds one block of the batch.")
+    raise ValueError("this process's devices hold a non-contiguous set of batch rows; build the mesh with "
+                     "hourglass_jax.sharding.make_mesh, which groups the devices by process, so each process feeds "
+                     "one block of the batch.")
   return start, stop
 
 
