@@ -7,19 +7,18 @@ import ml_collections
 # pod:        pure data parallel; every device holds the whole model (these models are 40-150M parameters).
 # pod_fsdp:   parameters and optimizer state sharded over groups of 4 devices (ZeRO-3), the batch over all.
 # pod_tensor: attention heads and MLP columns split 4 ways (Megatron), for long sequences whose activations do
-#             not fit; the batch splits over the other devices only, hence half the batch. With rematerialisation,
-#             and XLA attention: XLA cannot partition the Pallas splash kernel over `tensor` (docs/SCALING.md).
+#             not fit; the batch splits over the other devices only, hence half the batch. With rematerialisation.
 POD_PRESETS = {
     "pod": dict(batch_size=64, mesh=dict(data=-1, fsdp=1, tensor=1)),
     "pod_fsdp": dict(batch_size=64, mesh=dict(data=-1, fsdp=4, tensor=1)),
-    "pod_tensor": dict(batch_size=32, mesh=dict(data=-1, fsdp=1, tensor=4), remat=True, attention_impl="xla"),
+    "pod_tensor": dict(batch_size=32, mesh=dict(data=-1, fsdp=1, tensor=4), remat=True),
 }
 # imagenet64 (12288 positions): the paper's one image per device on a 16-device slice, with rematerialisation; the
 # attention scores of one 12288-long row are 4.8 GB per layer on the XLA attention path.
 LONG_SEQUENCE_PRESETS = {
     "pod": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=1), remat=True),
     "pod_fsdp": dict(batch_size=16, mesh=dict(data=-1, fsdp=4, tensor=1), remat=True),
-    "pod_tensor": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=4), remat=True, attention_impl="xla"),
+    "pod_tensor": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=4), remat=True),
 }
 
 
@@ -44,7 +43,6 @@ def apply_preset(cfg: ml_collections.ConfigDict, preset: str, config_name: str,
   cfg.mesh.update(chosen["mesh"])
   cfg.train.update(steps=scaled(cfg.train.steps, 1), warmup_steps=scaled(cfg.train.warmup_steps, 1),
                    eval_every=scaled(cfg.train.eval_every, 100), remat=chosen.get("remat", cfg.train.remat))
-  cfg.model.attention_impl = chosen.get("attention_impl", cfg.model.attention_impl)
   cfg.checkpoint.every_steps = scaled(cfg.checkpoint.every_steps, 100)
   cfg.data.eval_batches = scaled(cfg.data.eval_batches, 1)  # 0 (the whole split) stays 0
   return cfg

@@ -133,14 +133,15 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
       params=trainer.num_params, dtype=cfg.model.dtype, remat=cfg.train.remat, compile_seconds=round(seconds, 1),
       memory_bytes=needed, argument_bytes=stats.argument_size_in_bytes, temp_bytes=stats.temp_size_in_bytes,
       flops_per_device=flops, fits=needed <= spec["hbm_bytes"], device_kind=devices[0].device_kind,
-      hosts_with_split_rows=split, jax=jax.__version__)
+      hosts_with_split_rows=split, mosaic_kernel_calls=compiled.as_text().count('"tpu_custom_call"'),
+      jax=jax.__version__)
   mesh_text = " x ".join(f"{k}={v}" for k, v in result["mesh"].items())
   log(f"{accelerator} ({spec['topology']}, {spec['devices']} x {result['device_kind']}, {spec['hosts']} host(s)): "
       f"mesh {mesh_text}; batch {cfg.data.batch_size} x {cfg.data.seq_len}; {trainer.num_params:,} params")
   log(f"compiled in {seconds:.0f} s: {needed / 2**30:.2f} GiB/device of {spec['hbm_bytes'] / 2**30:.0f} GiB HBM "
       f"(arguments {stats.argument_size_in_bytes / 2**30:.2f}, temporaries {stats.temp_size_in_bytes / 2**30:.2f})"
       f"; {flops / 1e12 if flops else float('nan'):.2f} TFLOPs/device/step; "
-      f"{'fits' if result['fits'] else 'DOES NOT FIT'}")
+      f"{'fits' if result['fits'] else 'DOES NOT FIT'}; {result['mosaic_kernel_calls']} Pallas kernel calls (splash)")
   return result
 
 

@@ -1,12 +1,14 @@
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.model.resampling import shorten_mask, upsample_mask
 from hourglass_jax.ops.attention import (dot_product_attention, reference_attention, resolve_implementation,
-                                         splash_attention)
+                                         sharded_splash_attention, splash_attention)
 
 MASKS = {
     "none": lambda t, s: None,
@@ -110,6 +112,28 @@ def test_splash_kernel_glue_matches_reference_in_the_pallas_interpreter(mask_nam
   mask = MASKS[mask_name](t, s)
   np.testing.assert_allclose(splash_attention(q, k, v, mask, interpret=True), reference_attention(q, k, v, mask),
                              atol=1e-5)
+
+
+def test_splash_runs_per_shard_under_shard_map_on_a_sharded_mesh():
+  """A Mosaic kernel cannot be partitioned by XLA: on a mesh, each device runs it on its own batch rows and heads."""
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+  q, k, v = _qkv(128, 128, b=4, n=2, h=64)
+  mask = causal_mask(128)
+  spec = P(("data", "fsdp"), None, "tensor", None)
+
+  def attend(q, k, v):
+    with nn.logical_axis_rules((("batch", ("data", "fsdp")), ("heads", "tensor"))):
+      return sharded_splash_attention(q, k, v, mask, interpret=True)
+
+  with jax.set_mesh(mesh):
+    q, k, v = (jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v))
+    jaxpr = jax.make_jaxpr(attend)(q, k, v)
+    out = jax.jit(attend)(q, k, v)
+  calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "shard_map"]
+  assert len(calls) == 1 and calls[0].params["jaxpr"].outvars[0].aval.shape == (1, 128, 1, 64)  # one row, one head
+  np.testing.assert_allclose(out, reference_attention(q, k, v, mask), atol=1e-5)
+  assert jax.make_jaxpr(lambda q, k, v: sharded_splash_attention(q, k, v, mask, interpret=True))(q, k, v).eqns[0] \
+      .primitive.name != "shard_map"  # no mesh: the kernel is called directly
 
 
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="splash attention needs a TPU")

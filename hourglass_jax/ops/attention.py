@@ -4,9 +4,13 @@ Shapes: q [B, T, N, H], k and v [B, S, N, H], mask [T, S] (True = may attend), b
 scaled logits. Every query row must be allowed at least one key.
 """
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "reference")
 
@@ -52,6 +56,20 @@ def splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, interpret: bool 
   return jnp.swapaxes(out_BxNxTxH, 1, 2)
 
 
+def sharded_splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, interpret: bool = False):
+  """splash_attention on each device's shard of a sharded jit: XLA cannot partition a Mosaic kernel, so it runs
+  under jax.shard_map, batch split as the logical 'batch' axis and heads as 'heads' (the active flax logical axis
+  rules), lengths whole. Without a mesh, or on a one-device mesh, it calls the kernel directly."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, interpret=interpret)
+  batch, heads = nn.logical_to_mesh_axes(("batch", "heads")) or (None, None)
+  spec = P(batch, None, heads, None)
+  local = functools.partial(splash_attention, mask_TxS=mask_TxS, interpret=interpret)
+  return jax.shard_map(local, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(
+      q_BxTxNxH, k_BxSxNxH, v_BxSxNxH)
+
+
 def resolve_implementation(impl: str, *, dtype, has_bias: bool, has_dropout: bool, static_mask: bool,
                            lengths: tuple[int, int]) -> str:
   """Picks the concrete kernel for `impl`; 'auto' prefers the fused kernel of the backend when it applies."""
@@ -88,7 +106,7 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=N
     return reference_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, dropout_rate=dropout_rate,
                                dropout_rng=dropout_rng)
   if chosen == "splash":
-    return splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
+    return sharded_splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
   causal = _is_causal(mask_TxS)
   mask = None if (mask_TxS is None or causal) else jnp.asarray(mask_TxS)[None, None]
   return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias, mask=mask, is_causal=causal,
