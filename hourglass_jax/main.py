@@ -40,9 +40,9 @@ def _setup(level=absl_logging.WARNING):
 
 
 def _check_locations() -> None:
-  """A bucket workdir or data dir that this install cannot open fails here, before devices or data are touched."""
+  """A workdir URL this install cannot open, or a bucket data dir, fails here, before devices or data are touched."""
   paths.check_writable_location(_WORKDIR.value, "--workdir")
-  paths.check_writable_location(_CONFIG.value.data.get("data_dir", ""), "--config.data.data_dir")
+  paths.check_local_data_dir(_CONFIG.value.data.get("data_dir", ""), "--config.data.data_dir")
 
 
 def _run(fn):
@@ -107,7 +107,7 @@ def _data(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
   from hourglass_jax.data.prepare import prepare_command
 
-  _run(lambda: paths.check_writable_location(_DATA_DIR.value or "", "--data_dir")
+  _run(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")
        or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value))
 
 

@@ -21,6 +21,17 @@ def as_path(path) -> epath.Path:
   return epath.Path(text) if is_remote(text) else epath.Path(os.path.abspath(os.path.expanduser(text)))
 
 
+def check_local_data_dir(path, what: str) -> None:
+  """Raises ValueError for a bucket URL: TFDS's array_record files are written and read through local files (the
+  array_record reader and writer cannot open gs:// paths), so a data dir must be a local or mounted folder."""
+  text = os.fspath(path)
+  if is_remote(text):
+    raise ValueError(f"{what}={text}: datasets are array_record files, which are read and written as local files "
+                     "only. Prepare into a local folder and copy it to the bucket (gcloud storage rsync --recursive "
+                     "DIR gs://...); to train, copy it back to each host's disk (launch/tpu.sh --data-dir does) or "
+                     "mount the bucket with Cloud Storage FUSE (gcsfuse) and pass the mounted folder.")
+
+
 def check_writable_location(path, what: str) -> None:
   """Raises ValueError, before any long work, when `path` is a URL this install cannot open."""
   text = os.fspath(path)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs this checkout into ./.venv on a TPU worker or GPU node: `bash launch/remote_setup.sh tpu|cuda12`.
 # jax 0.12 needs Python >= 3.12; TPU VM images ship 3.10, so a missing 3.12 is fetched with uv (no root needed).
-# The gcs extra: gcsfs lets Orbax, TFDS and the JAX compilation cache use gs:// paths; google-cloud-storage, TensorBoard.
+# The gcs extra: gcsfs lets Orbax and the JAX compilation cache use gs:// paths; google-cloud-storage, TensorBoard.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -37,7 +37,8 @@ flags (each also read from the environment variable in brackets)
   --queued               use a queued resource [HOURGLASS_QUEUED=1]
   --config=FILE[:PRESET] config, relative to the repo [HOURGLASS_CONFIG] (required by train)
   --workdir=gs://B/DIR   checkpoints + TensorBoard on GCS [HOURGLASS_WORKDIR] (required by train, collect)
-  --data-dir=gs://B/DIR  TFDS data_dir with the prepared datasets [HOURGLASS_DATA_DIR] (optional)
+  --data-dir=gs://B/DIR  TFDS data_dir with the prepared datasets [HOURGLASS_DATA_DIR] (optional); `train`
+                         first copies it to each worker's ~/hourglass_data (array_record reads local files)
   --worker=N             worker whose log `logs` follows [HOURGLASS_WORKER] (default 0)
   --interval=SECONDS     `watch` poll interval (default 300)
   --attach               `train` in the foreground, streaming every worker's output
@@ -63,7 +64,9 @@ WORKER="${HOURGLASS_WORKER:-0}"
 INTERVAL=300
 ATTACH=0
 REMOTE_DIR=hourglass_jax
-# Paths on the workers, expanded there.
+# Paths on the workers, expanded there (~ by the worker's shell at a word's start, else by hourglass-train).
+# shellcheck disable=SC2088
+LOCAL_DATA_DIR='~/hourglass_data'
 # shellcheck disable=SC2016
 LOG='$HOME/hourglass_train.log' PID_FILE='$HOME/hourglass_train.pid' STATUS_FILE='$HOME/hourglass_train.status'
 
@@ -205,12 +208,17 @@ do_install() {
 bash launch/remote_setup.sh tpu"
 }
 
-train_command() {
-  local args=(.venv/bin/hourglass-train "--config=$CONFIG" "--workdir=$WORKDIR" --distributed=on)
-  [[ -n "$DATA_DIR" ]] && args+=("--config.data.data_dir=$DATA_DIR")
+train_command() {  # one command group, so a redirection after it takes every step's output
+  local args=(.venv/bin/hourglass-train "--config=$CONFIG" "--workdir=$WORKDIR" --distributed=on) copy=""
+  if [[ -n "$DATA_DIR" ]]; then
+    # The array_record reader opens local files only: each worker syncs the bucket's datasets to its own disk.
+    copy="mkdir -p $LOCAL_DATA_DIR && gcloud storage rsync --recursive $(quote "$DATA_DIR") $LOCAL_DATA_DIR && "
+    args+=("--config.data.data_dir=$LOCAL_DATA_DIR")
+  fi
   args+=(${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"})
   # The persistent compilation cache on GCS makes a relaunched slice skip recompiling the same program.
-  printf 'JAX_COMPILATION_CACHE_DIR=%s %s' "$(quote "$WORKDIR/jax_cache")" "$(join_quoted "${args[@]}")"
+  printf '{ %sJAX_COMPILATION_CACHE_DIR=%s %s; }' "$copy" "$(quote "$WORKDIR/jax_cache")" \
+    "$(join_quoted "${args[@]}")"
 }
 
 do_train() {
@@ -218,7 +226,7 @@ do_train() {
   local train
   train="$(train_command)"
   if [[ "$ATTACH" == 1 ]]; then
-    ssh_workers all "cd $REMOTE_DIR && $train 2>&1 | tee $LOG"
+    ssh_workers all "cd $REMOTE_DIR && $train 2>&1 | tee $LOG"  # $train is one { ...; } group
   else
     # Detached from the ssh session (which may drop); the exit status lands in $STATUS_FILE for `watch`.
     local script="$train > $LOG 2>&1; echo \$? > $STATUS_FILE"

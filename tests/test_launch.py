@@ -62,11 +62,15 @@ def test_tpu_up_on_a_spot_pod_slice():
   assert "--worker=all" in install and "bash launch/remote_setup.sh tpu" in _remote(install)
   assert train[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "run1"] and "--worker=all" in train
   remote = shlex.split(_remote(train))
-  trainer = shlex.split(remote[remote.index("bash") + 2])  # setsid nohup bash -c '<trainer> > log ...'
-  assert trainer[:6] == ["JAX_COMPILATION_CACHE_DIR=gs://bkt/runs/e8/jax_cache", ".venv/bin/hourglass-train",
-                         "--config=configs/enwik8.py", "--workdir=gs://bkt/runs/e8", "--distributed=on",
-                         "--config.data.data_dir=gs://bkt/tfds"]
-  assert trainer[6] == "--config.train.steps=100"
+  script = remote[remote.index("bash") + 2]  # setsid nohup bash -c '{ <copy> && <trainer>; } > log ...'
+  assert script.startswith("{ ") and "; } > $HOME/hourglass_train.log 2>&1; echo $? > " in script
+  copy, trainer = script[2:script.index("; }")].rsplit(" && ", 1)
+  # array_record reads local files only: each worker syncs the bucket's data to its disk and trains from there
+  assert copy == "mkdir -p ~/hourglass_data && gcloud storage rsync --recursive gs://bkt/tfds ~/hourglass_data"
+  assert shlex.split(trainer) == [
+      "JAX_COMPILATION_CACHE_DIR=gs://bkt/runs/e8/jax_cache", ".venv/bin/hourglass-train", "--config=configs/enwik8.py",
+      "--workdir=gs://bkt/runs/e8", "--distributed=on", "--config.data.data_dir=~/hourglass_data",
+      "--config.train.steps=100"]
 
 
 def test_tpu_queued_resource_single_host():

@@ -30,3 +30,15 @@ def test_train_refuses_an_unusable_workdir_url_before_touching_devices():
   done = run(train_command("ftp://host/run"), timeout=120)
   assert done.returncode != 0 and "--workdir=ftp://host/run: unsupported URL scheme 'ftp'" in done.stderr
   assert "devices:" not in done.stdout
+
+
+def test_a_bucket_data_dir_is_refused_with_the_way_to_copy_or_mount_it():
+  paths.check_local_data_dir("/data/tfds", "--data_dir")
+  with pytest.raises(ValueError, match=r"array_record files, which are read and written as local files only.*gcsfuse"):
+    paths.check_local_data_dir("gs://b/tfds", "--data_dir")
+  train = run(train_command("/tmp/unused", "--config.data.data_dir=gs://b/tfds"), timeout=120)
+  assert train.returncode != 0 and "error: --config.data.data_dir=gs://b/tfds: datasets are array_record" in train.stderr
+  assert "devices:" not in train.stdout
+  prepare = run(train_command("/tmp/unused", entry="data_entry")[:3] + ["prepare", "digits", "--data_dir=gs://b/tfds"],
+                timeout=120)
+  assert prepare.returncode != 0 and "error: --data_dir=gs://b/tfds: datasets are array_record" in prepare.stderr

@@ -32,8 +32,10 @@ logging.getLogger("absl").addFilter(_drop_noise)
 
 
 def resolve_data_dir(data_dir: str | None) -> epath.Path:
-  """data.data_dir, or TFDS's default ($TFDS_DATA_DIR, else ~/tensorflow_datasets) when empty; gs:// kept."""
-  return paths.as_path(data_dir or os.environ.get("TFDS_DATA_DIR") or tfds.core.constants.DATA_DIR)
+  """data.data_dir, or TFDS's default ($TFDS_DATA_DIR, else ~/tensorflow_datasets) when empty; a local folder."""
+  root = data_dir or os.environ.get("TFDS_DATA_DIR") or tfds.core.constants.DATA_DIR
+  paths.check_local_data_dir(root, "data.data_dir" if data_dir else "the TFDS data dir")
+  return paths.as_path(root)
 
 
 def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetBuilder:
@@ -42,12 +44,8 @@ def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetB
 
 @contextlib.contextmanager
 def _build_lock(root: epath.Path, name: str):
-  """One build of a dataset at a time per local data dir (several processes of one host may start together).
-  A bucket has no file locks: `hourglass-data prepare` builds there from one machine, training never does."""
+  """One build of a dataset at a time per data dir (several processes of one host may start together)."""
   root.mkdir(parents=True, exist_ok=True)
-  if paths.is_remote(root):
-    yield
-    return
   with open(root / f".{name.replace('/', '_')}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
@@ -112,7 +110,7 @@ def open_split(name: str, split: str, data_dir: str = ""):
   root = resolve_data_dir(data_dir)
   builder = get_builder(name, os.fspath(root))
   if not builder.is_prepared():
-    if not spec.automatic or paths.is_remote(root):  # several hosts would race to build it on a bucket
+    if not spec.automatic:
       raise FileNotFoundError(
           f"data.name={name!r} is not prepared under {root} (data.data_dir). Prepare it first: `hourglass-data "
           f"prepare {name} --data_dir={root}` (needs {spec.needs}).")
