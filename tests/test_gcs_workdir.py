@@ -27,10 +27,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def emulator():
-  port = _free_port()
-  server = subprocess.Popen([sys.executable, "-m", "tests.gcs_emulator", str(port), BUCKET],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=command_env())
+def emulator(tmp_path_factory):
+  port, log = _free_port(), tmp_path_factory.mktemp("emulator") / "requests.log"
+  with open(log, "w") as stderr:  # a file, not a pipe: the server logs every request and would block on a full pipe
+    server = subprocess.Popen([sys.executable, "-m", "tests.gcs_emulator", str(port), BUCKET],
+                              stdout=subprocess.DEVNULL, stderr=stderr, env=command_env())
   deadline = time.monotonic() + 60
   while True:
     try:
@@ -39,7 +40,8 @@ def emulator():
     except OSError:
       if server.poll() is not None or time.monotonic() > deadline:
         server.kill()
-        pytest.fail(f"the GCS emulator did not start: {server.communicate()[1][-2000:]}")
+        server.wait()
+        pytest.fail(f"the GCS emulator did not start: {log.read_text()[-2000:]}")
       time.sleep(0.1)
   try:
     yield port
@@ -59,8 +61,10 @@ def _bucket(port: int):
 
 def _run(port: int, cwd, *flags: str, entry: str = "train_entry") -> str:
   env = dict(command_env(), **client_environment(port))
-  done = subprocess.run(train_command(f"gs://{BUCKET}/run", *flags, entry=entry), capture_output=True, text=True,
-                        timeout=420, env=env, cwd=cwd)
+  command = train_command(f"gs://{BUCKET}/run", *flags, entry=entry)
+  # A stuck client prints where every thread is before the test gives up on it.
+  command[2] = f"import faulthandler; faulthandler.dump_traceback_later(360, exit=True); {command[2]}"
+  done = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=cwd)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
   return done.stdout
 
