@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from hourglass_jax.model import decode_layers as dl
+from hourglass_jax.model.scale_resampling import down_method
 
 
 def init_state(cfg, batch: int, padded: int):
@@ -43,7 +44,7 @@ def _feed(cfg, p, st, i, fine_BxTxD, t):
   def active(st):
     st = dict(st)
     count = 1 if t is not None else dl.num_coarse(fine_BxTxD.shape[1], k)
-    z_BxTxD = dl.pool(cfg, p.get(f"downsample_{s}"), k, "avg" if cfg.downsampler == "avg" else "linear",
+    z_BxTxD = dl.pool(cfg, p.get(f"downsample_{s}"), k, down_method(cfg),
                       window_BxVxD[:, :count * k])
     _write_group(cfg, p, st, i, z_BxTxD, 0 if t is None else t // s)
     return st if i == 0 else _feed(cfg, p, st, i - 1, z_BxTxD, t)

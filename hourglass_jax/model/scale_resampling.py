@@ -10,16 +10,24 @@ from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.resampling import Pool, Unpool, shift_right
 
 
+def down_method(cfg: ModelConfig) -> str:
+  """The Pool method of cfg.downsampler: 'avg', or 'linear' for 'conv'."""
+  return "avg" if cfg.downsampler == "avg" else "linear"
+
+
+def up_method(cfg: ModelConfig) -> str:
+  """The Unpool method of cfg.upsampler: 'repeat', or 'linear' for 'transposed_conv'."""
+  return "repeat" if cfg.upsampler == "repeat" else "linear"
+
+
 def downsample(cfg: ModelConfig, x_BxLxD, k: int, deterministic: bool, name: str):
   """Shift right by k-1, then 'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k)."""
-  method = "avg" if cfg.downsampler == "avg" else "linear"
-  return Pool(cfg, k, method, name=name)(shift_right(x_BxLxD, k - 1), deterministic)
+  return Pool(cfg, k, down_method(cfg), name=name)(shift_right(x_BxLxD, k - 1), deterministic)
 
 
 def upsample(cfg: ModelConfig, z_BxLkxD, k: int, deterministic: bool, name: str):
   """'repeat' or 'transposed_conv' (kernel = stride = k: finer token i reads only coarse token i // k)."""
-  method = "repeat" if cfg.upsampler == "repeat" else "linear"
-  return Unpool(cfg, k, method, name=name)(z_BxLkxD, deterministic)
+  return Unpool(cfg, k, up_method(cfg), name=name)(z_BxLkxD, deterministic)
 
 
 def pyramid(cfg: ModelConfig, x_BxLxD, factors: tuple[int, ...], deterministic: bool) -> list:
