@@ -3,7 +3,6 @@ checkpoints and TensorBoard events to the bucket, resumes from it past a damaged
 bucket), and hourglass-eval reads it back. pathlib would have turned gs://bucket/run into a local gs:/bucket/run."""
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import urllib.request
 import pytest
 
 from tests.gcs_emulator import client_environment
-from tests.train_util import command_env, train_command
+from tests.train_util import command_env, free_port, train_command
 
 pytest.importorskip("gcp_storage_emulator", reason="the [test] extra installs the GCS emulator")
 pytest.importorskip("gcsfs", reason="the [test] extra installs gcsfs")
@@ -20,15 +19,9 @@ pytest.importorskip("gcsfs", reason="the [test] extra installs gcsfs")
 BUCKET = "bucket"
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture
 def emulator(tmp_path_factory):
-  port, log = _free_port(), tmp_path_factory.mktemp("emulator") / "requests.log"
+  port, log = free_port(), tmp_path_factory.mktemp("emulator") / "requests.log"
   with open(log, "w") as stderr:  # a file, not a pipe: the server logs every request and would block on a full pipe
     server = subprocess.Popen([sys.executable, "-m", "tests.gcs_emulator", str(port), BUCKET],
                               stdout=subprocess.DEVNULL, stderr=stderr, env=command_env())

@@ -11,7 +11,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,10 @@ import pytest
 
 from hourglass_jax.train.loop import train_and_evaluate
 from tests import scale_out_probe
-from tests.train_util import command_env, quiet, tiny_config, train_command
+from tests.train_util import command_env, free_port, quiet, tiny_config, train_command
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS, EVERY, PAUSE = 10, 4, 6  # run 1 checkpoints step 4, stops after step 6 and is killed there
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _trainer_args(workdir, probe: dict) -> list[str]:
@@ -43,7 +36,7 @@ def _trainer_args(workdir, probe: dict) -> list[str]:
 
 def _slurm_tasks(workdir, probe, tasks: int = 2, devices: int = 2):
   """`tasks` SLURM tasks on one node, each through launch/slurm_task.sh in per-GPU mode."""
-  port = _free_port()
+  port = free_port()
   for rank in range(tasks):
     env = dict(command_env(devices), HOURGLASS_TRAIN=sys.executable, SLURM_JOB_ID="4242",
                SLURM_STEP_NODELIST="localhost", SLURM_NTASKS=str(tasks), SLURM_PROCID=str(rank),
@@ -52,7 +45,7 @@ def _slurm_tasks(workdir, probe, tasks: int = 2, devices: int = 2):
 
 
 def _coordinated(workdir, probe, processes: int = 4, devices: int = 1):
-  port = _free_port()
+  port = free_port()
   for rank in range(processes):
     flags = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={rank}"]
     yield [sys.executable, *_trainer_args(workdir, probe), *flags], command_env(devices)

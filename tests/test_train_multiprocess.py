@@ -3,7 +3,6 @@ slice along its torus: sharding.make_mesh must group the devices by process so e
 the run must match one process."""
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ from hourglass_jax import sharding
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import command_env, quiet, tiny_config
+from tests.train_util import command_env, free_port, quiet, tiny_config
 
 STEPS = 4
 
@@ -31,12 +30,6 @@ print(json.dumps({"order": [d.process_index for d in interleaved], "losses": sum
 """
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _params(cfg, workdir):
   mesh = sharding.make_mesh(cfg.mesh)
   trainer = Trainer(cfg, mesh)
@@ -46,7 +39,7 @@ def _params(cfg, workdir):
 
 
 def test_two_processes_with_interleaved_devices_match_one(tmp_path):
-  port, workdir = _free_port(), tmp_path / "two"
+  port, workdir = free_port(), tmp_path / "two"
   processes = [subprocess.Popen([sys.executable, "-c", _PROCESS, f"127.0.0.1:{port}", str(rank), str(workdir),
                                  str(STEPS)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env(devices=2))

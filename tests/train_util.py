@@ -3,6 +3,7 @@ warmup, a one-layer model unless the test is about the Hourglass itself) so runs
 programs and share the persistent compilation cache, in-process and in subprocesses (8 CPU devices each)."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -31,6 +32,13 @@ def tiny_config(steps: int = 6, **sections) -> ml_collections.ConfigDict:
   for section, values in sections.items():
     cfg[section].update(values)
   return cfg
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on (for a coordinator or a local server)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def command_env(devices: int = 8) -> dict:
