@@ -1,3 +1,3 @@
 """hourglass_jax: hierarchical transformers (Hourglass, multi-scale) in JAX/Flax."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,10 +1,12 @@
 """The shared ConfigDict skeleton every `configs/*.py` starts from (sections model, data, train, mesh, checkpoint)."""
 
 import ml_collections
+from ml_collections import config_dict
 
 # Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
 # logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
-# 'embed' dimension over fsdp (ZeRO-3 style) and heads / mlp / vocab over tensor (Megatron style).
+# 'embed' dimension over fsdp (ZeRO-3 style) and heads / mlp / vocab over tensor (Megatron style). Scanned stacks
+# add a leading 'layers' axis to their blocks' parameters.
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
     ("length", None),
@@ -13,6 +15,7 @@ DEFAULT_RULES = (
     ("kv", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    ("layers", None),  # the leading axis of scanned block parameters: replicated (map it to pipeline stages later)
 )
 
 
@@ -22,11 +25,15 @@ def base_config() -> ml_collections.ConfigDict:
 
   cfg.model = ml_collections.ConfigDict(dict(
       kind="hourglass", vocab_size=256, d_model=512, num_heads=8, d_ff=2048, hierarchy="5@1 24@3 5@1",
-      shorten="attention_avg", upsample="attention_repeat", position="rope", dropout=0.0, dtype="float32",
+      shorten="attention_avg", upsample="attention_repeat", position="rope", dropout=0.0,
+      # attention-probability dropout; unset (None) = model.dropout
+      attention_dropout=config_dict.placeholder(float), dtype="float32",
       attention_impl="auto",
       # Multi-scale kinds (topdown, bottomup, retina) only; see hourglass_jax/model/scales.py.
       scales="64,16,4,1", layers_per_scale="2,4,8,12", heads_per_scale="", downsampler="avg",
-      upsampler="transposed_conv", retina_windows=""))
+      upsampler="transposed_conv", retina_windows="",
+      # Layers per scan iteration of each stack: 1 compiles one block per stack, 0 unrolls every block.
+      scan_unroll=1))
 
   # name: a TFDS dataset ('stdlib_text' = embedded offline corpus, 'enwik8', 'text_files', 'digits' = offline
   # images, 'cifar10', 'downsampled_imagenet/32x32' | '/64x64'; see hourglass_jax/data/catalog.py) read from
@@ -40,10 +47,13 @@ def base_config() -> ml_collections.ConfigDict:
       eval_batches=0, eval_protocol="windows", eval_seq_len=0, eval_context=0))
 
   # schedule: 'cosine' | 'rsqrt' | 'constant', each after a linear warmup from 0. grad_clip_norm 0 = off.
+  # remat: recompute each block's activations in the backward pass; remat_policy: what a block still saves,
+  # 'nothing_saveable' (least memory) | 'dots_saveable' (keeps matmul outputs: less recompute, more memory).
   # peak_flops_per_device: for MFU; 0 = look the device up (GPU/TPU) or measure a float32 matmul (CPU).
   cfg.train = ml_collections.ConfigDict(dict(
       steps=1000, learning_rate=1e-3, schedule="cosine", warmup_steps=100, min_lr_ratio=0.0, b1=0.9, b2=0.98,
-      eps=1e-9, weight_decay=0.0, grad_clip_norm=1.0, grad_accum_steps=1, remat=False, seed=0, log_every=10,
+      eps=1e-9, weight_decay=0.0, grad_clip_norm=1.0, grad_accum_steps=1, remat=False,
+      remat_policy="nothing_saveable", seed=0, log_every=10,
       eval_every=200, sample_bytes=0, peak_flops_per_device=0.0))
 
   # Mesh axis sizes, -1 = all remaining devices; `rules` maps logical axes to mesh axes.

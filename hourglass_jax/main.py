@@ -19,6 +19,10 @@ _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for manual launches.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes, for manual launches.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, for manual launches.")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", None, "Persistent XLA compilation cache folder (local or gs://), or 'off'. Default: "
+    "$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/jax_cache for a gs:// workdir, else "
+    "$XDG_CACHE_HOME/hourglass_jax/xla (~/.cache/hourglass_jax/xla).")
 
 
 def _parse_flags(argv):
@@ -37,6 +41,9 @@ def _setup(level=absl_logging.WARNING):
   from hourglass_jax import distributed
 
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  from hourglass_jax import compile_cache
+
+  compile_cache.enable(_COMPILATION_CACHE.value or compile_cache.default_location(_WORKDIR.value))
 
 
 def _check_locations() -> None:
@@ -113,6 +120,21 @@ def _data(argv):
 
 def data_entry():
   app.run(_data, flags_parser=_parse_flags)
+
+
+def _convert(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _setup(absl_logging.ERROR)
+  from hourglass_jax.train.convert import convert_workdir
+
+  _run(lambda: convert_workdir(_WORKDIR.value))
+
+
+def convert_entry():
+  """hourglass-convert --workdir=DIR: checkpoints of the per-block layout -> the scanned layout, in place."""
+  flags.mark_flags_as_required(["workdir"])
+  app.run(_convert, flags_parser=_parse_flags)
 
 
 def _sample(argv):

@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from hourglass_jax import paths, sharding
+from hourglass_jax import compile_cache, paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.model import ModelConfig, build_model, sampling
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
@@ -165,15 +165,16 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
                                end_token=end)
 
     rng = jax.random.key(options.seed)
-    begin = time.perf_counter()
+    cache, begin = compile_cache.counts(), time.perf_counter()
     program = jax.jit(generate, in_shardings=(param_shardings, batch_sharding, None),
                       out_shardings=sharding.replicated(mesh)).lower(params, prompt_BxP, rng).compile()
-    compiled = time.perf_counter() - begin
+    compiled, cache = time.perf_counter() - begin, compile_cache.counts() - cache
     begin = time.perf_counter()
     tokens = sharding.to_host(program(params, prompt_BxP, rng))[:options.num_samples]
     seconds = time.perf_counter() - begin
   log(f"step {step}: {options.num_samples} samples x {new} tokens in {seconds:.2f}s "
-      f"({options.num_samples * new / seconds:,.0f} tokens/s with the KV cache; compiled in {compiled:.1f}s)")
+      f"({options.num_samples * new / seconds:,.0f} tokens/s with the KV cache; compiled in {compiled:.1f}s, "
+      f"{compile_cache.describe(cache)})")
   result = dict(step=step, tokens=tokens, seconds=seconds)
   if shape is None:
     result["texts"] = [_text(options.prompt, row, options.end_byte) for row in tokens]

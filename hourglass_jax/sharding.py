@@ -9,7 +9,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers")
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:

@@ -44,8 +44,10 @@ def test_padding_is_invisible_to_real_positions():
 def test_vanilla_equals_the_center_stack_of_hourglass_code():
   cfg = small_config(kind="vanilla", hierarchy="3@1")
   variables = jax.jit(build_model(cfg).init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
-  blocks = [k for k in variables["params"]["body"]["layers"] if k.startswith("block_")]
-  assert len(blocks) == 3
+  stack = variables["params"]["body"]["layers"]
+  assert sorted(stack) == ["blocks", "final_norm"]
+  kernel = stack["blocks"]["mlp"]["wi"]["kernel"]  # the 3 blocks' params stacked on a leading 'layers' axis
+  assert kernel.names == ("layers", "embed", "mlp") and kernel.value.shape[0] == 3
   assert counting.total_params(cfg) == sum(x.size for x in jax.tree.leaves(variables))
 
 
@@ -61,6 +63,26 @@ def test_dropout_is_active_only_when_not_deterministic():
   np.testing.assert_array_equal(train(1), train(1))
   assert not np.allclose(train(1), train(2))
   assert not np.allclose(train(1), eval_a)
+
+
+def test_attention_dropout_defaults_to_dropout_and_can_be_set_apart():
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 12)), jnp.int32)
+  variables = random_variables(build_model(small_config()), tokens)
+
+  def train(**dropouts):
+    model = build_model(small_config(**dropouts))
+    return jax.jit(lambda v: model.apply(v, tokens, deterministic=False, rngs={"dropout": jax.random.key(3)}))(
+        variables)
+
+  assert small_config(dropout=0.3).attention_dropout_rate == 0.3
+  np.testing.assert_array_equal(train(dropout=0.3), train(dropout=0.3, attention_dropout=0.3))
+  assert not np.allclose(train(dropout=0.3), train(dropout=0.3, attention_dropout=0.0))
+  # Attention-probability dropout alone: residual and FFN paths untouched, the output still changes.
+  evaluate = build_model(small_config()).apply(variables, tokens)
+  np.testing.assert_allclose(train(dropout=0.0, attention_dropout=0.0), evaluate, atol=1e-6)
+  assert not np.allclose(train(dropout=0.0, attention_dropout=0.5), evaluate, atol=1e-3)
+  with pytest.raises(ValueError, match=r"model.attention_dropout=1.5 must be in \[0, 1\)"):
+    small_config(attention_dropout=1.5)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():

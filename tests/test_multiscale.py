@@ -147,8 +147,10 @@ def test_param_tree_names_the_scales():
                           "upsample_2", "upsample_4"]
   body = shapes(config("bottomup"))["params"]["body"]
   assert sorted(body) == ["aggregate", "scale_1", "scale_2", "scale_4"]
-  attention = shapes(config("retina"))["params"]["body"]["block_0"]["attention"]
-  assert attention["key_2"]["kernel"].value.shape == (SMALL["d_model"], 2, SMALL["d_model"] // SMALL["num_heads"])
+  retina = shapes(config("retina"))["params"]["body"]
+  attention = retina["blocks"]["attention"]  # blocks scanned: a leading layer axis
+  assert attention["key_2"]["kernel"].value.shape == (2, SMALL["d_model"], 2,
+                                                      SMALL["d_model"] // SMALL["num_heads"])
 
 
 # ------------------------------------------------------------------------------------------ configs/bookcorpus.py

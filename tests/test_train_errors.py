@@ -21,7 +21,7 @@ from tests.train_util import run, tiny_config, train_command
     (dict(), dict(data=2, fsdp=2, tensor=1), r"uses 4 devices but 8 are available"),
     (dict(data=dict(batch_size=4)), dict(data=-1), r"data.batch_size=4 \(micro-batch 4\) is not divisible by the 8 "
                                                    r"data-parallel devices.*multiple of 8"),
-    (dict(), dict(data=1, tensor=8), r"parameter .*attention/key/bias of shape \(4, 8\): its 'heads' dimension "
+    (dict(), dict(data=1, tensor=8), r"parameter .*attention/key/bias of shape \(1, 4, 8\): its 'heads' dimension "
                                      r"of 4 cannot be split evenly over mesh axes \('tensor',\) \(8 devices\)"),
     (dict(mesh=dict(rules=(("batch", "data"), ("embedings", "fsdp")))), None, r"logical axis 'embedings'"),
 ])

@@ -31,9 +31,11 @@ def test_weight_decay_skips_norms_and_biases():
 
 
 def test_remat_keeps_the_step_and_lowers_memory():
+  """Three scanned blocks: the scan stores each block's activations for the backward pass unless remat recomputes
+  them (nothing_saveable) or keeps only the matmul outputs (dots_saveable)."""
   results = []
-  for remat in (False, True):
-    cfg = tiny_config(train=dict(remat=remat), mesh=dict(data=1))
+  for remat, policy in ((False, "nothing_saveable"), (True, "nothing_saveable"), (True, "dots_saveable")):
+    cfg = tiny_config(train=dict(remat=remat, remat_policy=policy), mesh=dict(data=1), model=dict(hierarchy="3@1"))
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
     trainer = Trainer(cfg, mesh)
     with jax.set_mesh(mesh):
@@ -42,6 +44,14 @@ def test_remat_keeps_the_step_and_lowers_memory():
       _, out = compiled(state, trainer.global_array(next(trainer.train_iterator())))
       results.append((compiled.memory_analysis().temp_size_in_bytes, float(out["loss"]),
                       float(out["grad_norm"]), metrics.cost_flops(compiled)))
-  (temp, loss, grad, flops), (temp_r, loss_r, grad_r, flops_r) = results
-  assert loss_r == pytest.approx(loss, rel=1e-6) and grad_r == pytest.approx(grad, rel=1e-5)
-  assert temp_r < temp and flops_r > flops  # recomputes the forward of each block instead of storing it
+  (temp, loss, grad, flops), (temp_n, loss_n, grad_n, flops_n), (temp_d, loss_d, grad_d, flops_d) = results
+  for loss_r, grad_r in ((loss_n, grad_n), (loss_d, grad_d)):
+    assert loss_r == pytest.approx(loss, rel=1e-6) and grad_r == pytest.approx(grad, rel=1e-5)
+  assert temp_n < temp_d < temp  # recompute everything < keep the dots < keep everything
+  assert flops_n > flops_d > flops
+
+
+def test_an_unknown_remat_policy_is_refused_before_compiling():
+  cfg = tiny_config(train=dict(remat=True, remat_policy="everything"), mesh=dict(data=1))
+  with pytest.raises(ValueError, match=r"train.remat_policy='everything' is not supported.*dots_saveable"):
+    Trainer(cfg, sharding.make_mesh(cfg.mesh, jax.devices()[:1]))

@@ -29,14 +29,14 @@ def _run(cfg, devices, state0=None):
 def test_sharded_steps_match_one_device():
   losses_1, state_1, state0 = _run(tiny_config(**HOURGLASS, mesh=dict(data=1)), jax.devices()[:1])
   params_1 = jax.device_get(state_1.params)
-  for mesh, accum, shard_shape in [(dict(data=4, fsdp=1, tensor=2), 1, (32, 32)),
-                                   (dict(data=1, fsdp=8, tensor=1), 2, (4, 64))]:
+  for mesh, accum, shard_shape in [(dict(data=4, fsdp=1, tensor=2), 1, (1, 32, 32)),
+                                   (dict(data=1, fsdp=8, tensor=1), 2, (1, 4, 64))]:
     cfg = tiny_config(**HOURGLASS, mesh=mesh)
     cfg.train.grad_accum_steps = accum  # two strided micro-batches of 8 make the same update as one batch of 16
     losses, state, _ = _run(cfg, jax.devices(), state0)
     np.testing.assert_allclose(losses, losses_1, rtol=1e-5, atol=1e-5, err_msg=str(mesh))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=str(mesh)),
                  jax.device_get(state.params), params_1)
-    kernel = state.params["body"]["pre"]["block_0"]["mlp"]["wi"]["kernel"]  # logical axes (embed, mlp): 32 x 64
-    assert kernel.sharding.spec == P("fsdp", "tensor")
+    kernel = state.params["body"]["pre"]["blocks"]["mlp"]["wi"]["kernel"]  # (layers, embed, mlp): n x 32 x 64
+    assert kernel.sharding.spec == P(None, "fsdp", "tensor")
     assert kernel.addressable_shards[0].data.shape == shard_shape

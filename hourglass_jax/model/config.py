@@ -17,6 +17,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
 DOWNSAMPLERS = ("avg", "conv")
 UPSAMPLERS = ("transposed_conv", "repeat")
+# What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.
+REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
 
 
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -46,6 +48,7 @@ class ModelConfig:
   upsample: str = "attention_repeat"
   position: str = "rope"
   dropout: float = 0.0
+  attention_dropout: float | None = None  # attention-probability dropout; None = model.dropout (as the paper)
   dtype: str = "float32"
   attention_impl: str = "auto"
   layer_norm_eps: float = 1e-6
@@ -56,6 +59,10 @@ class ModelConfig:
   downsampler: str = "avg"
   upsampler: str = "transposed_conv"
   retina_windows: str = ""
+  # Execution only (same function, same params): activation rematerialisation inside each scanned block, and how
+  # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled).
+  remat_policy: str = "none"
+  scan_unroll: int = 1
 
   def __post_init__(self):
     _choice("kind", self.kind, KINDS)
@@ -73,13 +80,19 @@ class ModelConfig:
     _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
     _choice("downsampler", self.downsampler, DOWNSAMPLERS)
     _choice("upsampler", self.upsampler, UPSAMPLERS)
+    _choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+    _positive_int("scan_unroll", self.scan_unroll, 0)
     if self.position == "rope" and self.head_dim % 2:
       raise ValueError(f"model.position='rope' needs an even head size, got d_model/num_heads={self.head_dim}.")
     if not 0.0 <= float(self.dropout) < 1.0:
       raise ValueError(f"model.dropout={self.dropout!r} must be in [0, 1).")
-    if self.attention_impl in ("cudnn", "splash") and self.dropout > 0:
+    if self.attention_dropout is not None and not 0.0 <= float(self.attention_dropout) < 1.0:
+      raise ValueError(f"model.attention_dropout={self.attention_dropout!r} must be in [0, 1) (or None: the same "
+                       "as model.dropout).")
+    if self.attention_impl in ("cudnn", "splash") and self.attention_dropout_rate > 0:
       raise ValueError(f"model.attention_impl={self.attention_impl!r} is a fused kernel without attention-"
-                       f"probability dropout, but model.dropout={self.dropout}; use 'auto' or 'xla', or dropout=0.")
+                       f"probability dropout, but the attention dropout is {self.attention_dropout_rate}; use "
+                       "'auto', 'xla' or 'block', or model.attention_dropout=0.")
     if self.attention_impl in ("cudnn", "splash") and self.position == "relative":
       raise ValueError(f"model.attention_impl={self.attention_impl!r} cannot add Transformer-XL position biases; "
                        "use position='rope' or attention_impl='xla'.")
@@ -109,6 +122,11 @@ class ModelConfig:
   @property
   def parsed_hierarchy(self) -> Hierarchy:
     return parse_hierarchy(self.hierarchy)
+
+  @property
+  def attention_dropout_rate(self) -> float:
+    """Dropout on attention probabilities: `attention_dropout`, or `dropout` when that is None."""
+    return float(self.dropout if self.attention_dropout is None else self.attention_dropout)
 
   @property
   def head_dim(self) -> int:

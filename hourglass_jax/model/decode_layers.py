@@ -52,18 +52,29 @@ def new_kv(cfg, batch: int, size: int, heads: int | None = None):
 
 
 def new_stack(cfg, batch: int, num_layers: int, size: int):
-  return {f"block_{i}": new_kv(cfg, batch, size) for i in range(num_layers)}
+  """K/V caches of a scanned stack: the per-block layout with a leading layer axis."""
+  return {name: jnp.zeros((num_layers, *a.shape), a.dtype) for name, a in new_kv(cfg, batch, size).items()}
 
 
-def write_kv(cfg, p_key, p_value, kv, x_BxTxD, positions_T, start):
-  """Projects keys/values of x (keys rotated at `positions_T`) into the cache at entries start..start+T-1."""
+def write_kv(cfg, p_key, p_value, kv, x_BxTxD, positions_T, start, layer=None):
+  """Projects keys/values of x (keys rotated at `positions_T`) into the cache at entries start..start+T-1 (of
+  layer `layer` of a stacked cache, written in place)."""
   k_BxTxNxH, v_BxTxNxH = project(cfg, p_key, x_BxTxD), project(cfg, p_value, x_BxTxD)
   if cfg.position == "rope":
     k_BxTxNxH = apply_rope(k_BxTxNxH, positions_T, cfg.rope_base)
-  put = lambda cache, new, axis: lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start, axis)
+  new = {"k": jnp.einsum("btnh->bnht", k_BxTxNxH), "v": jnp.einsum("btnh->bnth", v_BxTxNxH)}
+  axes = {"k": 3, "v": 2}
+  if layer is None:
+    put = lambda name: lax.dynamic_update_slice_in_dim(kv[name], new[name].astype(kv[name].dtype), start,
+                                                       axes[name])
+  else:
+    zero = jnp.zeros((), jnp.int32)
+    put = lambda name: lax.dynamic_update_slice(
+        kv[name], new[name][None].astype(kv[name].dtype),
+        tuple(jnp.asarray(start if axis == axes[name] + 1 else layer if axis == 0 else zero, jnp.int32)
+              for axis in range(kv[name].ndim)))
   # The barrier keeps XLA from fusing the update into the attention matmul, which would copy the whole cache.
-  return lax.optimization_barrier({"k": put(kv["k"], jnp.einsum("btnh->bnht", k_BxTxNxH), 3),
-                                   "v": put(kv["v"], jnp.einsum("btnh->bnth", v_BxTxNxH), 2)})
+  return lax.optimization_barrier({name: put(name) for name in ("k", "v")})
 
 
 def cached_attention(q_BxTxNxH, kv, mask_TxS, bias=None):
@@ -133,18 +144,24 @@ def ffn_residual(cfg, p, x_BxTxD):
 
 def stack(cfg, p, kv, x_BxTxD, index_T, start, num_layers: int, factor: int):
   """DecoderStack over stream entries index_T (= start + arange(T)) at total factor `factor`, reading and
-  extending its K/V cache; returns (output after the final LayerNorm, cache)."""
-  kv = dict(kv)
-  for i in range(num_layers):
-    name = f"block_{i}"
-    pb, pa = p[name], p[name]["attention"]
-    size = kv[name]["v"].shape[2]
-    h_BxTxD = ln(cfg, pb["attention_norm"], x_BxTxD)
-    kv[name] = write_kv(cfg, pa["key"], pa["value"], kv[name], h_BxTxD, index_T * factor, start)
+  extending its stacked K/V cache (one lax.scan over the blocks, as in training); returns (output after the final
+  LayerNorm, cache)."""
+  if num_layers:
+    size = kv["v"].shape[3]
     mask_TxS = jnp.arange(size)[None, :] <= index_T[:, None]
-    x_BxTxD = x_BxTxD + attend(cfg, pa, kv[name], h_BxTxD, index_T * factor, jnp.arange(size) * factor, mask_TxS,
-                               factor)
-    x_BxTxD = ffn_residual(cfg, pb, x_BxTxD)
+
+    def block(carry, layer):
+      x_BxTxD, kv = carry
+      pb, i = layer
+      pa = pb["attention"]
+      h_BxTxD = ln(cfg, pb["attention_norm"], x_BxTxD)
+      kv = write_kv(cfg, pa["key"], pa["value"], kv, h_BxTxD, index_T * factor, start, layer=i)
+      kv_i = {name: lax.dynamic_index_in_dim(a, i, 0, keepdims=False) for name, a in kv.items()}
+      x_BxTxD = x_BxTxD + attend(cfg, pa, kv_i, h_BxTxD, index_T * factor, jnp.arange(size) * factor, mask_TxS,
+                                 factor)
+      return (ffn_residual(cfg, pb, x_BxTxD), kv), None
+
+    (x_BxTxD, kv), _ = lax.scan(block, (x_BxTxD, kv), (p["blocks"], jnp.arange(num_layers)))
   return ln(cfg, p["final_norm"], x_BxTxD), kv
 
 
@@ -180,10 +197,14 @@ def relative_tables(cfg, p, padded: int, factor: int, child_factor):
     return tables
   tables = {}
   for name, sub in p.items():
-    if isinstance(sub, Mapping):
+    if not isinstance(sub, Mapping):
+      continue
+    if name == "blocks":  # a scanned stack: one table per block, stacked like its params
+      found = jax.vmap(lambda block: relative_tables(cfg, block, padded, factor, child_factor))(sub)
+    else:
       found = relative_tables(cfg, sub, padded, child_factor(name, factor), child_factor)
-      if found:
-        tables[name] = found
+    if found:
+      tables[name] = found
   return tables
 
 

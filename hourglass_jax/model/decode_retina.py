@@ -1,12 +1,13 @@
 """Incremental decoding of kind='retina' (retina.py): per block, the head group of scale s reads the block's normed
 input pooled at scale s, whose token j completes at position j s and is then cached once.
 
-The cache holds, per block: `group_<g>` K/V of head group g (padded max_len / s_g entries) and `buf_<s>` the last
+The cache holds, per block (stacked on a leading layer axis, scanned like the blocks' params): `group_<g>` K/V of head group g (padded max_len / s_g entries) and `buf_<s>` the last
 k-1 tokens of the next finer pooled stream (the causal shift). At position t the scales whose factor divides t
 pool one new token each, nested under lax.cond like the multi-scale bodies. A decode step reads only the slice of
 each group's cache its window can reach, so its cost does not grow with the context beyond the widest window.
 """
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -20,7 +21,8 @@ def init_state(cfg, batch: int, padded: int):
            for g, (s, n) in enumerate(zip(scales.factors, scales.heads))}
   for i, s in enumerate(scales.factors[:-1]):
     block[f"buf_{s}"] = jnp.zeros((batch, scales.relative_factor(i + 1) - 1, cfg.d_model), cfg.compute_dtype)
-  return {f"block_{b}": dict(block) for b in range(cfg.parsed_hierarchy.levels[0][0])}
+  num_layers = cfg.parsed_hierarchy.levels[0][0]
+  return jax.tree.map(lambda a: jnp.zeros((num_layers, *a.shape), a.dtype), block)
 
 
 def relative_tables(cfg, body, padded: int):
@@ -95,7 +97,5 @@ def _block(cfg, p, st, x_BxTxD, position):
 
 def run(cfg, body, state, x_BxTxD, position=None):
   """Body outputs and cache: prefill of entries 0..T-1 (position None) or one entry at `position`."""
-  state = dict(state)
-  for b in range(cfg.parsed_hierarchy.levels[0][0]):
-    x_BxTxD, state[f"block_{b}"] = _block(cfg, body[f"block_{b}"], state[f"block_{b}"], x_BxTxD, position)
+  x_BxTxD, state = lax.scan(lambda x, layer: _block(cfg, *layer, x, position), x_BxTxD, (body["blocks"], state))
   return dl.ln(cfg, body["final_norm"], x_BxTxD), state

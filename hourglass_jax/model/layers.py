@@ -5,6 +5,7 @@ so rotary and relative positions measure real distances at every level.
 """
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -83,10 +84,10 @@ class MultiHeadAttention(nn.Module):
       k_BxSxNxH = apply_rope(k_BxSxNxH, positions_k_S, cfg.rope_base)
     else:
       q_BxTxNxH, bias = self._relative_bias(q_BxTxNxH, positions_q_T, positions_k_S, mask_TxS)
-    use_dropout = cfg.dropout > 0.0 and not deterministic
+    use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
     out_BxTxNxH = dot_product_attention(
         q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
-        dropout_rate=cfg.dropout if use_dropout else 0.0,
+        dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
         dropout_rng=self.make_rng("dropout") if use_dropout else None)
     return dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
 
@@ -132,15 +133,36 @@ class DecoderBlock(nn.Module):
     return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
 
 
+LAYERS_AXIS = "layers"  # logical name of the leading axis of scanned (stacked) block parameters
+_REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+                   "dots_saveable": jax.checkpoint_policies.dots_saveable}
+
+
+def scan_blocks(cfg: ModelConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, name: str = "blocks",
+                **block_kwargs):
+  """`num_layers` blocks `block_cls(cfg, **block_kwargs)(x, deterministic) -> x` as one `nn.scan`: params stacked
+  on a leading 'layers' axis (under `name`), a dropout key per layer, `cfg.remat_policy` applied inside the scan,
+  so compile time does not grow with depth."""
+  if num_layers == 0:
+    return x_BxLxD
+  if cfg.remat_policy != "none":
+    block_cls = nn.remat(block_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=(2,),
+                         prevent_cse=False)
+  scanned = nn.scan(lambda block, x, _: (block(x, deterministic), None),
+                    variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True}, length=num_layers,
+                    unroll=cfg.scan_unroll or num_layers, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+  x_BxLxD, _ = scanned(block_cls(cfg, **block_kwargs, name=name), x_BxLxD, None)
+  return x_BxLxD
+
+
 class DecoderStack(nn.Module):
-  """`num_layers` decoder blocks at total shortening `factor`, ending with its own LayerNorm."""
+  """`num_layers` decoder blocks at total shortening `factor` (scanned: params under 'blocks' with a leading
+  layer axis), ending with its own LayerNorm."""
   cfg: ModelConfig
   num_layers: int
   factor: int = 1
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool):
-    for i in range(self.num_layers):
-      x_BxLxD = DecoderBlock(self.cfg, self.factor, name=f"block_{i}")(x_BxLxD, deterministic)
+    x_BxLxD = scan_blocks(self.cfg, DecoderBlock, self.num_layers, x_BxLxD, deterministic, factor=self.factor)
     return layer_norm(self.cfg, "final_norm")(x_BxLxD)
-

@@ -6,7 +6,7 @@ scale-16 heads 256..511 back). Keys and values of a group are the layer's normed
 import flax.linen as nn
 
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.layers import FeedForward, layer_norm, stream_positions
+from hourglass_jax.model.layers import FeedForward, layer_norm, scan_blocks, stream_positions
 from hourglass_jax.model.scale_attention import ScaleAttention, retina_mask
 from hourglass_jax.model.scale_resampling import pyramid
 
@@ -44,12 +44,12 @@ class RetinaBlock(nn.Module):
 
 
 class Retina(nn.Module):
-  """The single-level `hierarchy` ('12@1') of retina blocks, ending with its own LayerNorm."""
+  """The single-level `hierarchy` ('12@1') of retina blocks (scanned, params under 'blocks'), ending with its own
+  LayerNorm."""
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool):
     num_layers = self.cfg.parsed_hierarchy.levels[0][0]
-    for i in range(num_layers):
-      x_BxLxD = RetinaBlock(self.cfg, name=f"block_{i}")(x_BxLxD, deterministic)
+    x_BxLxD = scan_blocks(self.cfg, RetinaBlock, num_layers, x_BxLxD, deterministic)
     return layer_norm(self.cfg, "final_norm")(x_BxLxD)

@@ -41,7 +41,7 @@ class ScaleAttention(nn.Module):
       zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("heads", "kv"))
       u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
       v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
-    use_dropout = cfg.dropout > 0.0 and not deterministic
+    use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
     outs, first = [], 0
     for g, (n, kv_BxSxD, positions_k_S, mask_TxS) in enumerate(zip(self.heads, kvs, positions_k, masks)):
       group = slice(first, first + n)
@@ -61,7 +61,7 @@ class ScaleAttention(nn.Module):
                                                   positions_q_T, positions_k_S, mask_TxS)
       out_BxTxnxH = dot_product_attention(
           q_BxTxnxH, k_BxSxnxH, v_BxSxnxH, mask_TxS, bias, impl=cfg.attention_impl,
-          dropout_rate=cfg.dropout if use_dropout else 0.0,
+          dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
           dropout_rng=self.make_rng("dropout") if use_dropout else None)
       if empty_T.any():
         out_BxTxnxH = jnp.where(empty_T[None, :, None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)

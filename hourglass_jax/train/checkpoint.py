@@ -13,6 +13,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from hourglass_jax import paths
 from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.convert import has_per_block_layout
 from hourglass_jax.train.state import TrainState
 
 
@@ -120,6 +121,13 @@ class Checkpoints:
     now = _shapes(abstract)
     if saved == now:
       return
+    if has_per_block_layout(saved) and not has_per_block_layout(now):
+      workdir = self.directory.parent
+      raise TrainError(f"{self.directory} holds checkpoints (latest step {step}) in the per-block parameter layout "
+                       "of hourglass_jax 0.1, before stacks of blocks were scanned. Convert them once with "
+                       f"`hourglass-convert --workdir={workdir}` (the originals are kept in "
+                       f"{workdir / 'checkpoints_per_block'}), then rerun. The existing checkpoints were left "
+                       "untouched.")
     fields = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r}, config {v!r}"
                        for k, v in config["model"].items() if k in saved_model and saved_model[k] != v)
     examples = sorted(set(saved.items()) ^ set(now.items()))[:4]

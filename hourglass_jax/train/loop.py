@@ -9,7 +9,7 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from hourglass_jax import distributed, paths, sharding
+from hourglass_jax import compile_cache, distributed, paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
@@ -52,7 +52,8 @@ class _Meter:
 
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None, log=log_main) -> dict:
   """Trains `cfg` in `workdir` (resuming from its newest checkpoint) and returns a summary of this call:
-  losses per step, last eval, throughput, and whether it finished or stopped for preemption."""
+  losses per step, last eval, throughput, train-step compile time and persistent-cache hits, and whether it
+  finished or stopped for preemption."""
   workdir = paths.as_path(workdir)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
@@ -65,11 +66,15 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
           "to train. Raise --config.train.steps to continue, use a new --workdir to start over, or evaluate it "
           "with hourglass-eval.")
       return dict(start_step=restored[2], step=restored[2], losses={}, eval=None, stopped="done", sample=None)
+    cache, begin = compile_cache.counts(), time.perf_counter()
     compiled = trainer.compile_train_step()
+    seconds, cache = time.perf_counter() - begin, compile_cache.counts() - cache
     perf = report_compiled(trainer, compiled, log)
+    log(f"compile: {seconds:.1f} s ({compile_cache.describe(cache)})")
     writer = metrics_lib.SummaryWriter(str(workdir), jax.process_index() == 0)
     try:
-      return _train(trainer, compiled, perf, restored, checkpoints, sigterm, writer, log)
+      return dict(_train(trainer, compiled, perf, restored, checkpoints, sigterm, writer, log),
+                  compile_seconds=seconds, compile_cache_hits=cache.hits, compile_saved_seconds=cache.saved_seconds)
     finally:
       writer.close()
 

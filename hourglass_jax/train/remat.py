@@ -1,39 +1,18 @@
-"""Per-layer activation rematerialisation without touching model code: while active, every DecoderBlock call
-runs under `nn.remat`, so its activations are recomputed in the backward pass instead of stored."""
+"""Activation rematerialisation: `train.remat` / `train.remat_policy` become the model's `remat_policy`, which
+every scanned stack applies inside its scan (recompute each block's activations in the backward pass)."""
 
-import contextlib
-import contextvars
+import dataclasses
 
-import flax.linen as nn
-
-from hourglass_jax.model.layers import DecoderBlock
-
-_INSIDE = contextvars.ContextVar("inside_remat_block", default=False)
+from hourglass_jax.model.config import REMAT_POLICIES, ModelConfig
 
 
-def _block(module, x, deterministic):
-  token = _INSIDE.set(True)
-  try:
-    return module(x, deterministic)
-  finally:
-    _INSIDE.reset(token)
-
-
-_remat_block = nn.remat(_block, static_argnums=(2,))
-
-
-def _interceptor(next_fun, args, kwargs, context):
-  if (_INSIDE.get() or context.method_name != "__call__" or not isinstance(context.module, DecoderBlock)
-      or kwargs or len(args) != 2):
-    return next_fun(*args, **kwargs)
-  return _remat_block(context.module, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def remat_blocks(enabled: bool = True):
-  """Context (active while tracing `model.apply`) that rematerialises each decoder block."""
-  if not enabled:
-    yield
-    return
-  with nn.intercept_methods(_interceptor):
-    yield
+def training_model_config(cfg) -> ModelConfig:
+  """The validated ModelConfig of `cfg.model` with the remat policy the train section asks for."""
+  model_cfg = ModelConfig.from_dict(cfg.model)
+  if not cfg.train.get("remat", False):
+    return model_cfg
+  policy = cfg.train.get("remat_policy", "nothing_saveable")
+  if policy not in REMAT_POLICIES[1:]:
+    raise ValueError(f"train.remat_policy={policy!r} is not supported; choose one of "
+                     f"{', '.join(REMAT_POLICIES[1:])} (or train.remat=False).")
+  return dataclasses.replace(model_cfg, remat_policy=policy)

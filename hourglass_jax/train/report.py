@@ -26,13 +26,14 @@ def report_compiled(trainer, compiled, log) -> dict:
   devices = mesh.devices.size
   mesh_text = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
   accum = f", {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else ""
+  remat_text = f", remat ({cfg.train.get('remat_policy', 'nothing_saveable')})" if cfg.train.remat else ""
   log(f"model: {cfg.model.kind} {cfg.model.get('hierarchy', '')}, {trainer.num_params:,} params, "
-      f"dtype {cfg.model.dtype}{', remat' if cfg.train.remat else ''}")
+      f"dtype {cfg.model.dtype}{remat_text}")
   log(f"devices: {devices} x {jax.devices()[0].device_kind} in {jax.process_count()} process(es), mesh "
       f"{mesh_text}; batch {trainer.batch_size} x {trainer.seq_len} tokens{accum}")
   flops_text = f"{model_flops / 1e9:,.2f} GFLOPs/step (model, 3x forward)" if model_flops else "model FLOPs n/a"
   if xla_flops is not None:
-    flops_text += f", {xla_flops * devices / 1e9:,.2f} GFLOPs/step (XLA, all devices)"
+    flops_text += f", {xla_flops * devices / 1e9:,.2f} GFLOPs/step (XLA, all devices, loop bodies counted once)"
   memory_text = f"{needed / 2**20:,.1f} MiB/device" if needed is not None else "n/a"
   limit_text = f" of {limit / 2**30:,.1f} GiB" if limit else ""
   log(f"compiled: {flops_text}; memory {memory_text}{limit_text}; MFU peak {peak / 1e12:,.3f} TFLOP/s/device "

@@ -5,26 +5,25 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hourglass_jax.train.remat import remat_blocks
 from hourglass_jax.train.state import TrainState
 
 
-def token_losses(model, params, tokens_BxL1, rules, *, rng=None, remat: bool = False):
+def token_losses(model, params, tokens_BxL1, rules, *, rng=None):
   """Per-token cross-entropy in nats [B, L] of predicting tokens[:, 1:] from tokens[:, :-1]."""
   deterministic = rng is None
-  with nn.logical_axis_rules(rules), remat_blocks(remat and not deterministic):
+  with nn.logical_axis_rules(rules):
     tokens_BxL1 = nn.with_logical_constraint(tokens_BxL1, ("batch", None))
     logits_BxLxV = model.apply({"params": params}, tokens_BxL1[:, :-1], deterministic=deterministic,
                                rngs=None if deterministic else {"dropout": rng})
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, tokens_BxL1[:, 1:])
 
 
-def make_train_step(model, optimizer, schedule, rules, accum_steps: int = 1, remat: bool = False):
+def make_train_step(model, optimizer, schedule, rules, accum_steps: int = 1):
   """`train_step(state, tokens_BxL1) -> (state, metrics)`; with accumulation, the batch is split into
   `accum_steps` strided micro-batches (row i goes to micro-batch i % accum_steps) whose gradients are averaged."""
 
   def loss_fn(params, tokens_BxL1, rng):
-    return token_losses(model, params, tokens_BxL1, rules, rng=rng, remat=remat).mean()
+    return token_losses(model, params, tokens_BxL1, rules, rng=rng).mean()
 
   grad_fn = jax.value_and_grad(loss_fn)
 

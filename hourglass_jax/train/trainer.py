@@ -10,6 +10,7 @@ from hourglass_jax.data import pipeline, sources
 from hourglass_jax.model import build_model
 from hourglass_jax.train import checks
 from hourglass_jax.train.optimizer import make_optimizer
+from hourglass_jax.train.remat import training_model_config
 from hourglass_jax.train.state import create_state, make_init_fn, num_params, state_layout
 from hourglass_jax.train.step import make_eval_step, make_train_step
 
@@ -19,7 +20,7 @@ class Trainer:
 
   def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
     self.cfg, self.mesh = cfg, mesh
-    self.model = build_model(cfg.model)
+    self.model = build_model(training_model_config(cfg))
     checks.check_config(cfg, cfg.model.vocab_size)
     self.rules = sharding.logical_rules(cfg.mesh)
     self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
@@ -32,8 +33,7 @@ class Trainer:
     self.abstract, self.shardings = state_layout(self.init_fn, mesh, self.rules)
     self.num_params = num_params(self.abstract)
     replicated = sharding.replicated(mesh)
-    step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps,
-                           cfg.train.remat)
+    step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps)
     self.train_step = jax.jit(step, in_shardings=(self.shardings, self.batch_sharding),
                               out_shardings=(self.shardings, replicated), donate_argnums=0)
     self.eval_step = jax.jit(make_eval_step(self.model, self.rules), out_shardings=replicated,

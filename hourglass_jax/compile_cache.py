@@ -1,0 +1,110 @@
+"""The persistent XLA compilation cache: where it lives, turning it on, and counting its hits from jax's
+monitoring events (a hit loads a compiled program from disk instead of compiling it again)."""
+
+import dataclasses
+import os
+import sys
+import tempfile
+
+import jax
+from jax import monitoring
+
+from hourglass_jax import paths
+
+_EVENTS = "/jax/compilation_cache/"
+_FIELDS = {_EVENTS + "compile_requests_use_cache": "requests", _EVENTS + "cache_hits": "hits",
+           _EVENTS + "cache_misses": "writes"}  # jax records a miss when it writes the new entry
+
+
+@dataclasses.dataclass
+class Counts:
+  """Persistent-cache lookups, hits, entries written, and compile seconds the hits saved (jax stores compile
+  times in whole seconds, so a program that compiled in under a second saves ~0)."""
+  requests: int = 0
+  hits: int = 0
+  writes: int = 0
+  saved_seconds: float = 0.0
+
+  def __sub__(self, other: "Counts") -> "Counts":
+    return Counts(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+_COUNTS = Counts()
+_listening = False
+
+
+def _on_event(name: str, **_) -> None:
+  if name in _FIELDS:
+    setattr(_COUNTS, _FIELDS[name], getattr(_COUNTS, _FIELDS[name]) + 1)
+
+
+def _on_duration(name: str, seconds: float, **_) -> None:
+  if name == _EVENTS + "compile_time_saved_sec":
+    _COUNTS.saved_seconds += seconds
+
+
+def counts() -> Counts:
+  """A copy of this process's counts so far (listening starts at the first call); subtract two to get a span's."""
+  global _listening
+  if not _listening:
+    monitoring.register_event_listener(_on_event)
+    monitoring.register_event_duration_secs_listener(_on_duration)
+    _listening = True
+  return dataclasses.replace(_COUNTS)
+
+
+def directory() -> str | None:
+  """The cache folder jax uses now, or None when the persistent cache is off."""
+  if not jax.config.jax_enable_compilation_cache:
+    return None
+  return jax.config.jax_compilation_cache_dir or None
+
+
+def default_location(workdir=None) -> str:
+  """$JAX_COMPILATION_CACHE_DIR if set; else <workdir>/jax_cache for a bucket workdir (every host of a pod shares
+  it); else the user cache folder ($XDG_CACHE_HOME or ~/.cache)/hourglass_jax/xla."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  if workdir and paths.is_remote(workdir):
+    return os.fspath(workdir).rstrip("/") + "/jax_cache"
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "hourglass_jax", "xla")
+
+
+def _warn(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def enable(location: str, log=_warn) -> str | None:
+  """Puts jax's persistent compilation cache in `location` ('off' turns it off) and returns the folder, or None
+  when it is off. A local folder that cannot be written logs one warning and leaves the cache off."""
+  counts()
+  if location.lower() in ("off", "none", "false", "0"):
+    jax.config.update("jax_enable_compilation_cache", False)
+    return None
+  if not paths.is_remote(location):
+    location = os.path.abspath(os.path.expanduser(location))
+    try:
+      os.makedirs(location, exist_ok=True)
+      tempfile.TemporaryFile(dir=location).close()
+    except OSError as error:
+      jax.config.update("jax_enable_compilation_cache", False)
+      log(f"warning: compilation cache {location} is not writable ({error.strerror or error}); continuing "
+          "without it (--compilation_cache=DIR moves it, =off silences this).")
+      return None
+  jax.config.update("jax_enable_compilation_cache", True)
+  jax.config.update("jax_compilation_cache_dir", location)
+  return location
+
+
+def describe(span: Counts) -> str:
+  """How a compile went, from its span of counts: 'persistent cache hit, saved 93.2 s', 'persistent cache miss;
+  cached in DIR', 'persistent cache miss; not written to DIR' (quick compiles are not) or 'persistent cache off'."""
+  folder = directory()
+  if folder is None:
+    return "persistent cache off"
+  if span.hits:
+    return f"persistent cache hit, saved {max(span.saved_seconds, 0.0):.1f} s"
+  home = os.path.expanduser("~")
+  shown = "~" + folder[len(home):] if folder.startswith(home + os.sep) else folder
+  return f"persistent cache miss; {'cached in' if span.writes else 'not written to'} {shown}"
