@@ -87,6 +87,13 @@ def test_auto_resolution_on_cpu():
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **common) == "xla"
   assert resolve_implementation("auto", has_bias=False, has_dropout=True, **common) == "reference"
   assert resolve_implementation("xla", has_bias=True, has_dropout=True, **common) == "reference"
+  long = dict(common, lengths=(1024, 1024), mask_TxS=causal_mask(1024))
+  for bias, dropout in ((False, False), (True, True)):
+    assert resolve_implementation("auto", has_bias=bias, has_dropout=dropout, **long) == "block"
+  shorten = dict(common, lengths=(682, 2046), mask_TxS=shorten_mask(2046, 3))
+  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **shorten) == "block"
+  unmasked = dict(long, mask_TxS=None)  # nothing to skip: block attention would only save memory
+  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **unmasked) == "xla"
   for fused in ("cudnn", "splash"):
     with pytest.raises(ValueError, match=f"attention_impl='{fused}' needs a"):
       resolve_implementation(fused, has_bias=False, has_dropout=False, **common)

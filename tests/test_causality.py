@@ -77,3 +77,26 @@ def test_body_gradients_are_causal(shorten, upsample, position):
   influence_LxL = np.abs(jacobian_LxLxD).max(-1)
   assert np.all(np.triu(influence_LxL, k=1) == 0.0), "an output depends on a later input"
   assert np.all(np.diag(influence_LxL) > 0.0)
+
+
+BLOCK_CASES = [
+    dict(hierarchy=SINGLE_LEVEL, shorten="attention_avg", upsample="attention_repeat", position="relative"),
+    dict(hierarchy=MULTI_LEVEL, shorten="attention_linear", upsample="attention_linear"),
+    dict(kind="vanilla", hierarchy="2@1", position="relative"),
+    dict(kind="retina", hierarchy="1@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:2,2:5,5:12"),
+    dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2", position="relative"),
+]
+
+
+@pytest.mark.parametrize("overrides", BLOCK_CASES, ids=lambda o: f"{o.get('kind', 'hourglass')}-{o.get('position', 'rope')}")
+def test_block_attention_models_are_causal(overrides, monkeypatch):
+  """attention_impl='block' with blocks of 4 (so every mask has hidden, partial and full blocks) in every mask the
+  models use: causal, shortening, upsampling, retina windows, bottom-up aggregation; Transformer-XL biases too."""
+  import functools
+
+  from hourglass_jax.ops import attention
+
+  monkeypatch.setattr(attention, "block_attention", functools.partial(attention.block_attention, block_q=4,
+                                                                      block_k=4))
+  for length in LENGTHS:
+    assert_causal(small_config(attention_impl="block", **overrides), length)

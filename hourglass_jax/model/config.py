@@ -14,7 +14,7 @@ SHORTEN = ("avg", "linear", "attention_avg", "attention_linear")
 UPSAMPLE = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
 POSITIONS = ("rope", "relative")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "reference")
 DOWNSAMPLERS = ("avg", "conv")
 UPSAMPLERS = ("transposed_conv", "repeat")
 # What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.

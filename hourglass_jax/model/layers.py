@@ -12,6 +12,7 @@ import numpy as np
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.positions import apply_rope, relative_distance_index, sinusoid_table
 from hourglass_jax.ops.attention import dot_product_attention
+from hourglass_jax.ops.block_attention import relative_bias
 
 _kernel_init = nn.initializers.xavier_uniform()
 
@@ -104,14 +105,15 @@ class MultiHeadAttention(nn.Module):
 
 def relative_position_terms(cfg: ModelConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,
                             mask_TxS):
-  """(q + u, scaled (q + v) W_r R(i - j) [B, N, T, S]); `project` maps sinusoids [R, D] to [R, N, H]."""
+  """(q + u, the scaled position term (q + v) W_r R(i - j) in its relative form (pos [B, N, T, R], static index
+  [T, S]): the block kernel gathers it per block, the others materialise [B, N, T, S]). `project` maps sinusoids
+  [R, D] to [R, N, H]."""
   distances_R, index_TxS = relative_distance_index(positions_q_T, positions_k_S, mask_TxS)
   r_RxD = sinusoid_table(distances_R, cfg.d_model).astype(cfg.compute_dtype)
   r_RxNxH = project(r_RxD)
   qv_BxTxNxH = q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype)
   pos_BxNxTxR = jnp.einsum("btnh,rnh->bntr", qv_BxTxNxH, r_RxNxH, preferred_element_type=jnp.float32)
-  pos_BxNxTxS = jnp.take_along_axis(pos_BxNxTxR, jnp.asarray(index_TxS)[None, None], axis=-1)
-  return q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype), pos_BxNxTxS * (cfg.head_dim ** -0.5)
+  return q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype), relative_bias(pos_BxNxTxR, index_TxS, cfg.head_dim ** -0.5)
 
 
 class DecoderBlock(nn.Module):
