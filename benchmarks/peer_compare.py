@@ -60,13 +60,22 @@ def parse_args(argv=None):
   parser.add_argument("--steps", type=int, default=2, help="timed steps per worker per round")
   parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
   parser.add_argument("--pin", default="", help="run both workers under `taskset -c PIN` (e.g. 0: one core each)")
+  parser.add_argument("--shape", default="default", choices=("default", "wide"),
+                      help="default: configs/default.py's Hourglass; wide: d 512, ff 2048, 4/2/4 at factor 4, avg/repeat")
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="peer_compare")
   return parse_with_quick(parser, argv, QUICK)
 
 
+def _set_shape(shape: str) -> None:
+  import os
+
+  os.environ["HOURGLASS_PEER_SHAPE"] = shape  # both workers inherit it
+
+
 def main(argv=None) -> dict | None:
   args = parse_args(argv)
+  _set_shape(args.shape)
   if not PEER_PYTHON.exists():
     print(f"no peer venv at {PEER_PYTHON}: run `bash benchmarks/peer/setup_peer.sh` first; skipping.")
     return None

@@ -4,6 +4,7 @@ step as ours: forward, cross-entropy, backward, global-norm clipping at 1.0, Ada
     .venv-peer/bin/python benchmarks/peer/peer_worker.py SEQ_LEN BATCH [THREADS]
 """
 
+import os
 import pathlib
 import sys
 
@@ -17,8 +18,13 @@ from worker_protocol import serve  # noqa: E402
 
 # Closest to configs/default.py's Hourglass (2@1 4@3 2@1, d 128, 4 heads, ff 512, attention resampling with
 # avg pooling and repeat): the peer's ff is 4 x d and its head size d / heads when dim_head = 32.
-PEER = dict(num_tokens=256, dim=128, depth=(2, 4, 2), shorten_factor=3, heads=4, dim_head=32,
-            attn_resampling=True, updown_sample_type="naive")
+SHAPES = {  # HOURGLASS_PEER_SHAPE picks one; ours_worker.py builds the same model
+    "default": dict(num_tokens=256, dim=128, depth=(2, 4, 2), shorten_factor=3, heads=4, dim_head=32,
+                    attn_resampling=True, updown_sample_type="naive"),
+    "wide": dict(num_tokens=256, dim=512, depth=(4, 2, 4), shorten_factor=4, heads=8, dim_head=64,
+                 attn_resampling=False, updown_sample_type="naive"),
+}
+PEER = SHAPES[os.environ.get("HOURGLASS_PEER_SHAPE", "default")]
 
 
 def forward_backward_flops(model, tokens) -> int | None:
