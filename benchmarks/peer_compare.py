@@ -61,7 +61,8 @@ def parse_args(argv=None):
   parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
   parser.add_argument("--pin", default="", help="run both workers under `taskset -c PIN` (e.g. 0: one core each)")
   parser.add_argument("--shape", default="default", choices=("default", "wide"),
-                      help="default: configs/default.py's Hourglass; wide: d 512, ff 2048, 4/2/4 at factor 4, avg/repeat")
+                      help="default: configs/default.py's Hourglass; "
+                           "wide: d 512, ff 2048, 4/2/4 at factor 4, avg/repeat")
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="peer_compare")
   return parse_with_quick(parser, argv, QUICK)

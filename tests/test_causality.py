@@ -88,7 +88,8 @@ BLOCK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("overrides", BLOCK_CASES, ids=lambda o: f"{o.get('kind', 'hourglass')}-{o.get('position', 'rope')}")
+@pytest.mark.parametrize("overrides", BLOCK_CASES,
+                         ids=lambda o: f"{o.get('kind', 'hourglass')}-{o.get('position', 'rope')}")
 def test_block_attention_models_are_causal(overrides, monkeypatch):
   """attention_impl='block' with blocks of 4 (so every mask has hidden, partial and full blocks) in every mask the
   models use: causal, shortening, upsampling, retina windows, bottom-up aggregation; Transformer-XL biases too."""

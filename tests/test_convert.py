@@ -9,6 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from hourglass_jax.train.checkpoint import array_shapes
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.convert import has_per_block_layout, stack_blocks, unstack_blocks
 from hourglass_jax.train.loop import train_and_evaluate
@@ -74,9 +75,7 @@ def test_old_layout_is_refused_then_converted_and_resumes(tmp_path):
 
 def saved_names(directory, step) -> list[str]:
   with ocp.CheckpointManager(directory, item_handlers=_handlers()) as manager:
-    tree = manager.item_metadata(step)["state"].tree
-  return [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in
-          jax.tree_util.tree_leaves_with_path(tree)]
+    return list(array_shapes(manager.item_metadata(step)["state"].tree))
 
 
 def test_convert_names_a_wrong_workdir(tmp_path):

@@ -68,11 +68,10 @@ def write_kv(cfg, p_key, p_value, kv, x_BxTxD, positions_T, start, layer=None):
     put = lambda name: lax.dynamic_update_slice_in_dim(kv[name], new[name].astype(kv[name].dtype), start,
                                                        axes[name])
   else:
-    zero = jnp.zeros((), jnp.int32)
-    put = lambda name: lax.dynamic_update_slice(
-        kv[name], new[name][None].astype(kv[name].dtype),
-        tuple(jnp.asarray(start if axis == axes[name] + 1 else layer if axis == 0 else zero, jnp.int32)
-              for axis in range(kv[name].ndim)))
+    def put(name):  # entries start.. of layer `layer`: index (layer, 0, .., start, ..)
+      index = [jnp.asarray(layer, jnp.int32)] + [jnp.zeros((), jnp.int32)] * new[name].ndim
+      index[axes[name] + 1] = jnp.asarray(start, jnp.int32)
+      return lax.dynamic_update_slice(kv[name], new[name][None].astype(kv[name].dtype), index)
   # The barrier keeps XLA from fusing the update into the attention matmul, which would copy the whole cache.
   return lax.optimization_barrier({name: put(name) for name in ("k", "v")})
 

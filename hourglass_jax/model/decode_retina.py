@@ -1,10 +1,11 @@
 """Incremental decoding of kind='retina' (retina.py): per block, the head group of scale s reads the block's normed
 input pooled at scale s, whose token j completes at position j s and is then cached once.
 
-The cache holds, per block (stacked on a leading layer axis, scanned like the blocks' params): `group_<g>` K/V of head group g (padded max_len / s_g entries) and `buf_<s>` the last
-k-1 tokens of the next finer pooled stream (the causal shift). At position t the scales whose factor divides t
-pool one new token each, nested under lax.cond like the multi-scale bodies. A decode step reads only the slice of
-each group's cache its window can reach, so its cost does not grow with the context beyond the widest window.
+The cache holds, per block (stacked on a leading layer axis, scanned like the blocks' params): `group_<g>` K/V of
+head group g (padded max_len / s_g entries) and `buf_<s>` the last k-1 tokens of the next finer pooled stream (the
+causal shift). At position t the scales whose factor divides t pool one new token each, nested under lax.cond like
+the multi-scale bodies. A decode step reads only the slice of each group's cache its window can reach, so its cost
+does not grow with the context beyond the widest window.
 """
 
 import jax

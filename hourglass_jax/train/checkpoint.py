@@ -4,6 +4,7 @@ ones skipped."""
 
 import errno
 import json
+import re
 import time
 
 import jax
@@ -13,7 +14,6 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from hourglass_jax import paths
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.convert import has_per_block_layout
 from hourglass_jax.train.state import TrainState
 
 
@@ -25,7 +25,13 @@ def _is_disk_full(error: BaseException | None) -> bool:
   return False
 
 
-def _shapes(tree) -> dict[str, tuple[int, ...]]:
+def has_per_block_layout(names) -> bool:
+  """Whether array paths like 'params/body/pre/block_0/...' (hourglass_jax 0.1, before stacks were scanned)
+  appear in `names`."""
+  return any(re.search(r"(^|/)block_\d+/", name) for name in names)
+
+
+def array_shapes(tree) -> dict[str, tuple[int, ...]]:
   """{'params/body/.../kernel': shape} for arrays or their metadata, whatever the container types."""
   return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
@@ -115,10 +121,10 @@ class Checkpoints:
       return
     try:
       saved_model = (self.manager.metadata(step).custom_metadata or {}).get("model", {})
-      saved = _shapes(self.manager.item_metadata(step)["state"].tree)
+      saved = array_shapes(self.manager.item_metadata(step)["state"].tree)
     except Exception:
       return  # unreadable: restore_latest reports it and falls back
-    now = _shapes(abstract)
+    now = array_shapes(abstract)
     if saved == now:
       return
     if has_per_block_layout(saved) and not has_per_block_layout(now):

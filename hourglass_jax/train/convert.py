@@ -5,10 +5,12 @@ run's checkpoints; the old ones are kept aside in DIR/checkpoints_per_block/."""
 import re
 from collections.abc import Mapping
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from hourglass_jax import paths
+from hourglass_jax.train.checkpoint import array_shapes, has_per_block_layout
 from hourglass_jax.train.checks import TrainError
 
 _BLOCK = re.compile(r"^block_(\d+)$")
@@ -28,7 +30,7 @@ def stack_blocks(tree):
     out = {name: stack_blocks(sub) for name, sub in tree.items() if not _BLOCK.match(str(name))}
     if n := _block_count(tree):
       blocks = [stack_blocks(tree[f"block_{i}"]) for i in range(n)]
-      out["blocks"] = _map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *blocks)
+      out["blocks"] = jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *blocks)
     return out
   if isinstance(tree, (list, tuple)):
     return type(tree)(stack_blocks(sub) for sub in tree)
@@ -40,35 +42,13 @@ def unstack_blocks(tree):
   if isinstance(tree, Mapping):
     out = {name: unstack_blocks(sub) for name, sub in tree.items() if name != "blocks"}
     if "blocks" in tree:
-      n = len(_leaves(tree["blocks"])[0])
-      for i in range(n):
-        out[f"block_{i}"] = _map(lambda x: np.asarray(x)[i], unstack_blocks(tree["blocks"]))
+      blocks = unstack_blocks(tree["blocks"])
+      for i in range(len(jax.tree.leaves(blocks)[0])):
+        out[f"block_{i}"] = jax.tree.map(lambda x: np.asarray(x)[i], blocks)
     return out
   if isinstance(tree, (list, tuple)):
     return type(tree)(unstack_blocks(sub) for sub in tree)
   return tree
-
-
-def _map(fn, *trees):
-  first = trees[0]
-  if isinstance(first, Mapping):
-    return {name: _map(fn, *(t[name] for t in trees)) for name in first}
-  if isinstance(first, (list, tuple)):
-    return type(first)(_map(fn, *items) for items in zip(*trees))
-  return fn(*trees)
-
-
-def _leaves(tree) -> list:
-  if isinstance(tree, Mapping):
-    return [leaf for sub in tree.values() for leaf in _leaves(sub)]
-  if isinstance(tree, (list, tuple)):
-    return [leaf for sub in tree for leaf in _leaves(sub)]
-  return [tree]
-
-
-def has_per_block_layout(names) -> bool:
-  """Whether array paths like 'params/body/pre/block_0/...' (the layout before scanning) appear in `names`."""
-  return any(re.search(r"(^|/)block_\d+/", name) for name in names)
 
 
 def _handlers():
@@ -91,7 +71,7 @@ def convert_workdir(workdir, log=print) -> list[int]:
   steps = sorted(reader.all_steps())
   if not steps:
     raise TrainError(f"{source} holds no checkpoint to convert.")
-  if not has_per_block_layout(_paths(reader.item_metadata(steps[-1])["state"].tree)):
+  if not has_per_block_layout(array_shapes(reader.item_metadata(steps[-1])["state"].tree)):
     log(f"{source}: already in the scanned layout; nothing to do.")
     return []
   options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True)
@@ -110,11 +90,3 @@ def convert_workdir(workdir, log=print) -> list[int]:
   staging.rename(source)
   log(f"{len(steps)} checkpoint(s) converted to the scanned layout in {source}; the originals are in {aside}.")
   return steps
-
-
-def _paths(tree, prefix: str = "") -> list[str]:
-  if isinstance(tree, Mapping):
-    return [p for name, sub in tree.items() for p in _paths(sub, f"{prefix}{name}/")]
-  if isinstance(tree, (list, tuple)):
-    return [p for i, sub in enumerate(tree) for p in _paths(sub, f"{prefix}{i}/")]
-  return [prefix.rstrip("/")]
