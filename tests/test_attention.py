@@ -7,8 +7,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.model.resampling import shorten_mask, upsample_mask
-from hourglass_jax.ops.attention import (dot_product_attention, reference_attention, resolve_implementation,
-                                         sharded_splash_attention, splash_attention)
+from hourglass_jax.ops.attention import (dot_product_attention, fused_attention, reference_attention,
+                                         resolve_implementation, sharded_splash_attention, splash_attention)
 
 MASKS = {
     "none": lambda t, s: None,
@@ -81,9 +81,38 @@ def test_probability_dropout_is_seeded_and_unbiased_in_expectation():
   np.testing.assert_allclose(samples.mean(0), reference_attention(q, k, v, mask), atol=0.1)
 
 
+def _scanned_attention_grad(attend, layers=4):
+  """Gradient of a stack of `layers` attention layers under lax.scan (as the scanned model runs them)."""
+  def loss(q, k, v):
+    def layer(x, key):
+      return attend(x, k, v, key), None
+    out, _ = jax.lax.scan(layer, q, jax.random.split(jax.random.key(0), layers))
+    return jnp.sum(out ** 2)
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def test_dropout_attention_recomputes_probabilities_instead_of_stacking_them():
+  t = 256
+  q, k, v = _qkv(t, t, b=1, n=4, h=16)
+  mask = causal_mask(t)
+  dispatched = lambda x, k, v, key: dot_product_attention(x, k, v, mask, impl="xla", dropout_rate=0.2,
+                                                          dropout_rng=key)
+  stored = lambda x, k, v, key: reference_attention(x, k, v, mask, dropout_rate=0.2, dropout_rng=key)
+  for a, b in zip(_scanned_attention_grad(dispatched)(q, k, v), _scanned_attention_grad(stored)(q, k, v)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+  def growth(attend):  # temporary memory added by 6 more layers, in units of one layer's [N, T, S] float32 square
+    temp = lambda layers: (_scanned_attention_grad(attend, layers).lower(q, k, v).compile()
+                           .memory_analysis().temp_size_in_bytes)
+    return (temp(8) - temp(2)) / (4 * t * t * 4)
+
+  assert growth(stored) >= 6  # the plain path keeps every layer's probabilities for the backward pass
+  assert growth(dispatched) < 1
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="resolution on the CPU backend")
 def test_auto_resolution_on_cpu():
   common = dict(dtype=jnp.bfloat16, static_mask=True, lengths=(128, 128))
-  assert jax.default_backend() == "cpu"
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **common) == "xla"
   assert resolve_implementation("auto", has_bias=False, has_dropout=True, **common) == "reference"
   assert resolve_implementation("xla", has_bias=True, has_dropout=True, **common) == "reference"
@@ -101,15 +130,47 @@ def test_auto_resolution_on_cpu():
     resolve_implementation("flash", has_bias=False, has_dropout=False, **common)
 
 
+def test_auto_resolution_on_gpu(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # resolution is pure logic: no GPU needed
+  causal = dict(dtype=jnp.bfloat16, static_mask=True, lengths=(2049, 2049), mask_TxS=causal_mask(2049))
+  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **causal) == "cudnn"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **causal) == "block"
+  assert resolve_implementation("auto", has_bias=True, has_dropout=False, **causal) == "block"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **dict(causal, dtype=jnp.float32)) == "block"
+  unmasked = dict(causal, mask_TxS=None)
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **unmasked) == "reference"
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_fused_attention_pads_odd_lengths_with_positions_no_query_sees(mask_name):
+  # cuDNN refuses odd lengths; the padding is checked here through XLA's kernel, and on a GPU through cuDNN below.
+  t, s = {"none": (7, 5), "causal": (9, 9), "shorten": (5, 15), "upsample": (15, 5)}[mask_name]
+  q, k, v = _qkv(t, s)
+  mask = MASKS[mask_name](t, s)
+  loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) ** 3)
+  padded = lambda q, k, v: fused_attention(q, k, v, mask, implementation="xla")
+  plain = lambda q, k, v: reference_attention(q, k, v, mask)
+  np.testing.assert_allclose(padded(q, k, v), plain(q, k, v), rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.grad(loss(padded), (0, 1, 2))(q, k, v), jax.grad(loss(plain), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
 @pytest.mark.parametrize("mask_name", ["causal", "shorten", "upsample"])
-def test_cudnn_matches_reference_on_gpu(mask_name):
-  t, s = {"causal": (256, 256), "shorten": (128, 384), "upsample": (384, 128)}[mask_name]
+@pytest.mark.parametrize("odd", [False, True])
+def test_cudnn_matches_reference_on_gpu(mask_name, odd):
+  even, odd_lengths = {"causal": ((256, 256), (257, 257)), "shorten": ((128, 384), (129, 387)),
+                       "upsample": ((384, 128), (387, 129))}[mask_name]
+  t, s = odd_lengths if odd else even
   q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(t, s, h=64))
   mask = MASKS[mask_name](t, s)
-  out = dot_product_attention(q, k, v, mask, impl="cudnn")
-  ref = reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
-  np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2)
+  loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)
+  fused = lambda q, k, v: dot_product_attention(q, k, v, mask, impl="cudnn")
+  plain = lambda q, k, v: reference_attention(q, k, v, mask)
+  as32 = lambda xs: [np.asarray(x, np.float32) for x in xs]
+  np.testing.assert_allclose(*as32([fused(q, k, v), plain(q, k, v)]), atol=3e-2)
+  for a, b in zip(as32(jax.grad(loss(fused), (0, 1, 2))(q, k, v)), as32(jax.grad(loss(plain), (0, 1, 2))(q, k, v))):
+    np.testing.assert_allclose(a, b, atol=0.1 * np.abs(b).max())
 
 
 @pytest.mark.parametrize("mask_name", ["causal", "shorten"])
