@@ -9,10 +9,10 @@ def apply_rope(x_BxTxNxH, positions_T, base: float = 10_000.0):
   half = x_BxTxNxH.shape[-1] // 2
   inv_freq_F = base ** (-np.arange(half, dtype=np.float32) / half)
   angle_TxF = jnp.asarray(positions_T, jnp.float32)[:, None] * inv_freq_F[None, :]
-  sin, cos = jnp.sin(angle_TxF)[None, :, None, :], jnp.cos(angle_TxF)[None, :, None, :]
-  x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x_BxTxNxH.dtype)
+  # Angles in float32 (positions reach thousands); the rotation itself in x's dtype, as the matmuls around it.
+  sin, cos = (f(angle_TxF).astype(x_BxTxNxH.dtype)[None, :, None, :] for f in (jnp.sin, jnp.cos))
+  x1, x2 = jnp.split(x_BxTxNxH, 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def sinusoid_table(distances_R, d_model: int):
