@@ -51,6 +51,8 @@ def parse_args(argv=None):
   parser.add_argument("--results", default="", help="results folder (default benchmarks/results)")
   parser.add_argument("--name", default="throughput")
   parser.add_argument("--no_plot", action="store_true")
+  parser.add_argument("--probe_size", type=int, default=1024,
+                      help="side of the square matmul that measures the peak (8192 on a GPU: 1024 is launch-bound)")
   return parse_with_quick(parser, argv, QUICK)
 
 
@@ -80,7 +82,7 @@ def compile_all(args) -> dict:
 
 def time_all(args, compiled: dict) -> tuple[dict, dict]:
   """Interleaved rounds of every step that fits, plus the matmul probes; fills each row's timings."""
-  probes = {"peak_float32": MatmulProbe(1024, "float32"), "peak_bfloat16": MatmulProbe(1024, "bfloat16")}
+  probes = {f"peak_{dtype}": MatmulProbe(args.probe_size, dtype) for dtype in ("float32", "bfloat16")}
   runners = {}
   for key, (cfg, result, row) in compiled.items():
     if row["memory_bytes"] > args.memory_gib * 2**30:
@@ -142,9 +144,9 @@ def speedups(rows: list[dict]) -> list[dict]:
   return out
 
 
-def print_table(rows: list[dict], peaks: dict) -> None:
-  print(f"\nmeasured peaks (1024^3 matmul, best in the timed rounds): float32 {peaks['float32'] / 1e9:.1f} "
-        f"GFLOP/s, bfloat16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s")
+def print_table(args, rows: list[dict], peaks: dict) -> None:
+  print(f"\nmeasured peaks ({args.probe_size}^3 matmul, best in the timed rounds): "
+        f"float32 {peaks['float32'] / 1e9:.1f} GFLOP/s, bfloat16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s")
   print(f"{'model':>16} {'L':>5} {'dtype':>8} {'params':>10} {'model GF':>9} {'XLA GF':>9} {'MiB':>8} "
         f"{'step s':>8} {'tok/s':>8} {'MFU f32':>8} {'MFU dt':>7}")
   for r in rows:
@@ -162,7 +164,7 @@ def main(argv=None) -> dict:
   peaks, timing = time_all(args, compiled)
   rows = [finish_row(row, peaks) for _, _, row in compiled.values()]
   ratios = speedups(rows)
-  print_table(rows, peaks)
+  print_table(args, rows, peaks)
   for s in ratios:
     measured = f"{s['step_speedup']:.2f}x measured ({s['fraction_of_predicted']:.0%} of predicted)" \
         if "step_speedup" in s else "not timed"
