@@ -11,6 +11,7 @@ ratio ours / peer. Results: results/peer_compare.json (appended).
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -68,15 +69,9 @@ def parse_args(argv=None):
   return parse_with_quick(parser, argv, QUICK)
 
 
-def _set_shape(shape: str) -> None:
-  import os
-
-  os.environ["HOURGLASS_PEER_SHAPE"] = shape  # both workers inherit it
-
-
 def main(argv=None) -> dict | None:
   args = parse_args(argv)
-  _set_shape(args.shape)
+  os.environ["HOURGLASS_PEER_SHAPE"] = args.shape  # both workers inherit it
   if not PEER_PYTHON.exists():
     print(f"no peer venv at {PEER_PYTHON}: run `bash benchmarks/peer/setup_peer.sh` first; skipping.")
     return None

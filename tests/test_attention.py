@@ -136,7 +136,8 @@ def test_auto_resolution_on_gpu(monkeypatch):
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **causal) == "cudnn"
   assert resolve_implementation("auto", has_bias=False, has_dropout=True, **causal) == "block"
   assert resolve_implementation("auto", has_bias=True, has_dropout=False, **causal) == "block"
-  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **dict(causal, dtype=jnp.float32)) == "block"
+  float32 = dict(causal, dtype=jnp.float32)
+  assert resolve_implementation("auto", has_bias=False, has_dropout=False, **float32) == "block"
   unmasked = dict(causal, mask_TxS=None)
   assert resolve_implementation("auto", has_bias=False, has_dropout=True, **unmasked) == "reference"
 
@@ -148,7 +149,7 @@ def test_fused_attention_pads_odd_lengths_with_positions_no_query_sees(mask_name
   q, k, v = _qkv(t, s)
   mask = MASKS[mask_name](t, s)
   loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) ** 3)
-  padded = lambda q, k, v: fused_attention(q, k, v, mask, implementation="xla")
+  padded = lambda q, k, v: fused_attention(q, k, v, mask, implementation="xla", pad_odd=True)
   plain = lambda q, k, v: reference_attention(q, k, v, mask)
   np.testing.assert_allclose(padded(q, k, v), plain(q, k, v), rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.grad(loss(padded), (0, 1, 2))(q, k, v), jax.grad(loss(plain), (0, 1, 2))(q, k, v)):
@@ -169,7 +170,8 @@ def test_cudnn_matches_reference_on_gpu(mask_name, odd):
   plain = lambda q, k, v: reference_attention(q, k, v, mask)
   as32 = lambda xs: [np.asarray(x, np.float32) for x in xs]
   np.testing.assert_allclose(*as32([fused(q, k, v), plain(q, k, v)]), atol=3e-2)
-  for a, b in zip(as32(jax.grad(loss(fused), (0, 1, 2))(q, k, v)), as32(jax.grad(loss(plain), (0, 1, 2))(q, k, v))):
+  grads = lambda f: as32(jax.grad(loss(f), (0, 1, 2))(q, k, v))
+  for a, b in zip(grads(fused), grads(plain)):
     np.testing.assert_allclose(a, b, atol=0.1 * np.abs(b).max())
 
 

@@ -112,13 +112,17 @@ def resolve_implementation(impl: str, *, dtype, has_bias: bool, has_dropout: boo
   return impl
 
 
-def fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, implementation: str = "cudnn"):
-  """jax.nn.dot_product_attention's fused kernel; odd lengths, which cuDNN refuses in training (a hierarchy's
-  levels: 2049 = 3 x 683), are padded by one query and one key that no real query sees."""
+def fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=None, *, implementation: str = "cudnn",
+                    pad_odd: bool | None = None):
+  """jax.nn.dot_product_attention's kernel `implementation` ('xla' or 'cudnn'). With `pad_odd` (default: for cuDNN,
+  which refuses odd lengths in training, e.g. a hierarchy's 2049 = 3 x 683), odd lengths are padded by one query
+  and one key that no real query sees."""
   t, s = q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]
   causal = _is_causal(mask_TxS)
   tp, sp = t + t % 2, s + s % 2
-  if (tp, sp) != (t, s):
+  if (implementation == "cudnn" if pad_odd is None else pad_odd) and (tp, sp) != (t, s):
+    if bias is not None:
+      raise ValueError("fused_attention pads odd lengths only without a bias.")
     pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = pad(q_BxTxNxH, tp), pad(k_BxSxNxH, sp), pad(v_BxSxNxH, sp)
     if not causal:  # causal stays causal: the extra key comes after every real query
@@ -126,7 +130,7 @@ def fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, implement
       # Real queries keep their mask and never see the extra key; the extra query sees every key (stays finite).
       mask_TxS = jnp.ones((tp, sp), bool).at[:t, :s].set(real).at[:t, s:].set(False)
   mask = None if (mask_TxS is None or causal) else jnp.asarray(mask_TxS)[None, None]
-  out = jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask, is_causal=causal,
+  out = jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias, mask=mask, is_causal=causal,
                                      implementation=implementation)
   return out[:, :t]
 
@@ -151,11 +155,6 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=N
                            dropout_rng=dropout_rng)
   if chosen == "splash":
     return sharded_splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
-  if chosen == "cudnn":
-    return fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
   bias = None if bias is None else materialize_bias(bias)
-  causal = _is_causal(mask_TxS)
-  mask = None if (mask_TxS is None or causal) else jnp.asarray(mask_TxS)[None, None]
-  return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias, mask=mask, is_causal=causal,
-                                      implementation=chosen)
+  return fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, implementation=chosen)
 
