@@ -156,6 +156,12 @@ def test_fused_attention_pads_odd_lengths_with_positions_no_query_sees(mask_name
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_fused_attention_refuses_to_pad_beside_a_bias():
+  q, k, v = _qkv(9, 9)
+  with pytest.raises(ValueError, match="pads odd lengths only without a bias"):
+    fused_attention(q, k, v, causal_mask(9), jnp.zeros((1, 1, 9, 9)), implementation="xla", pad_odd=True)
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
 @pytest.mark.parametrize("mask_name", ["causal", "shorten", "upsample"])
 @pytest.mark.parametrize("odd", [False, True])
