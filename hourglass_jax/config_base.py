@@ -60,5 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
   cfg.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules=DEFAULT_RULES))
 
   # every_steps 0 = save only at the end and on preemption; keep = how many of the latest checkpoints stay.
-  cfg.checkpoint = ml_collections.ConfigDict(dict(every_steps=200, keep=3, async_save=True))
+  # allow_settings_change: resume / evaluate / sample a checkpoint although model fields that change its function
+  # without changing a shape (a factor in `hierarchy`, the shortening method...) differ from its recorded ones.
+  cfg.checkpoint = ml_collections.ConfigDict(dict(every_steps=200, keep=3, async_save=True,
+                                                  allow_settings_change=False))
   return cfg

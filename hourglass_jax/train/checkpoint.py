@@ -1,9 +1,8 @@
-"""Orbax checkpoints of the train state and data position (plus the model config as metadata): async saves
-every N steps and on preemption, the latest N kept, restored onto whatever mesh the current run has, unreadable
-ones skipped."""
+"""Orbax checkpoints of the train state and data position (plus the model config and a fingerprint of every array
+as metadata): async saves every N steps and on preemption, the latest N kept, restored onto whatever mesh the
+current run has and verified; unreadable or altered ones are moved aside and the previous one is used."""
 
 import errno
-import json
 import re
 import time
 
@@ -13,6 +12,8 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from hourglass_jax import paths
+from hourglass_jax.train import integrity
+from hourglass_jax.train.checkpoint_record import check_same_function, config_record  # noqa: F401  (re-exported)
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.state import TrainState
 
@@ -74,9 +75,12 @@ class Checkpoints:
     return sorted(self.manager.all_steps())
 
   def save(self, step: int, state: TrainState, data_state: dict, config: dict, force: bool = False) -> bool:
-    """Starts an (async) save of `step`; a full disk raises TrainError, earlier checkpoints stay intact."""
+    """Starts an (async) save of `step`, recording `config` and the fingerprints restore verifies; a full disk
+    raises TrainError, earlier checkpoints stay intact."""
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
-    return self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=config))
+    record = dict(config, fingerprints=integrity.array_fingerprints(state),
+                  data_fingerprint=integrity.json_fingerprint(data_state))
+    return self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
 
   def wait(self) -> None:
     """Blocks until pending saves are on disk."""
@@ -93,29 +97,53 @@ class Checkpoints:
                        f" no space left on device. Earlier checkpoints {kept or '(none)'} are intact; free disk "
                        "space or point --workdir elsewhere, then rerun the same command to resume.") from error
 
-  def restore_latest(self, abstract: TrainState, config: dict):
-    """(state, data_state, step) of the newest readable checkpoint onto `abstract`'s shardings, or None.
+  def restore_latest(self, abstract: TrainState, config: dict, allow_settings_change: bool = False):
+    """(state, data_state, step) of the newest sound checkpoint onto `abstract`'s shardings, or None.
 
-    A checkpoint of a different model or optimizer raises TrainError; an unreadable one is reported, moved aside
-    to checkpoints_unreadable/ (unless read-only) and the previous one is tried.
+    A checkpoint of a different model or optimizer raises TrainError (of other function-changing model settings,
+    ValueError, unless `allow_settings_change`). One that cannot be read, or whose arrays or data position differ
+    from the fingerprints recorded when it was saved, is reported, moved aside to checkpoints_unreadable/ (unless
+    read-only) and the previous one is tried.
     """
     for step in reversed(self.all_steps()):
-      self.check_compatible(step, abstract, config)
+      self.check_compatible(step, abstract, config, allow_settings_change)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+        problem = self._verify(step, restored.state, restored.data)
       except Exception as error:  # after the structure check, a failure means damaged or missing files
+        problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+      if problem:
         older = [s for s in self.all_steps() if s < step]
-        self.log(f"checkpoint step {step} under {self.directory} is unreadable ({type(error).__name__}: "
-                 f"{str(error).splitlines()[0][:200]}); {'skipping' if self.read_only else 'moving it aside'} and "
-                 f"falling back to {f'step {older[-1]}' if older else 'a fresh start'}.")
+        self.log(f"checkpoint step {step} under {self.directory} {problem}; "
+                 f"{'skipping' if self.read_only else 'moving it aside'} and falling back to "
+                 f"{f'step {older[-1]}' if older else 'a fresh start'}.")
         self._move_aside(step)
         continue
       return restored.state, restored.data, step
     return None
 
-  def check_compatible(self, step: int | None, abstract: TrainState, config: dict) -> None:
-    """Raises TrainError when checkpoint `step` (default: the newest) holds arrays of other names or shapes."""
+  def _verify(self, step: int, state: TrainState, data_state) -> str | None:
+    """None if the restored state and data position are what was saved; else what is wrong with them."""
+    if not isinstance(data_state, dict) or not data_state:
+      return f"holds no data-iterator position ({data_state!r}), so the data would silently restart"
+    record = self.manager.metadata(step).custom_metadata or {}
+    if "fingerprints" not in record:  # saved by hourglass_jax before fingerprints, or its metadata file is lost
+      self.log(f"checkpoint step {step} under {self.directory} records no fingerprints (saved by an older "
+               "hourglass_jax); restored without verifying it.")
+      return None
+    altered = integrity.mismatches(record["fingerprints"], integrity.array_fingerprints(state))
+    if record.get("data_fingerprint") != integrity.json_fingerprint(data_state):
+      altered.append("the data-iterator position")
+    if altered:
+      return (f"fails its integrity check: {len(altered)} of its arrays differ from what was saved (e.g. "
+              f"{', '.join(altered[:3])}), so its files were altered after saving")
+    return None
+
+  def check_compatible(self, step: int | None, abstract: TrainState, config: dict,
+                       allow_settings_change: bool = False) -> None:
+    """Raises TrainError when checkpoint `step` (default: the newest) holds arrays of other names or shapes, and
+    ValueError when it records function-changing model settings other than `config`'s (unless allowed)."""
     step = step if step is not None else (self.all_steps() or [None])[-1]
     if step is None:
       return
@@ -126,6 +154,8 @@ class Checkpoints:
       return  # unreadable: restore_latest reports it and falls back
     now = array_shapes(abstract)
     if saved == now:
+      if not allow_settings_change:
+        check_same_function(saved_model, config["model"], f"{self.directory} step {step}")
       return
     if has_per_block_layout(saved) and not has_per_block_layout(now):
       workdir = self.directory.parent
@@ -160,7 +190,3 @@ class Checkpoints:
     multihost_utils.sync_global_devices(f"checkpoint_moved_aside_{step}")
     self.manager.reload()
 
-
-def config_record(cfg) -> dict:
-  """What a checkpoint records about its run (its model settings, named in mismatch messages)."""
-  return json.loads(json.dumps({"model": cfg.model.to_dict(), "seq_len": cfg.data.seq_len}))

@@ -67,7 +67,8 @@ def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str
     raise TrainError(f"no checkpoints under {directory}; train first with hourglass-train --workdir={workdir}.")
   with jax.set_mesh(mesh):
     with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-      restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+      restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
+                                            cfg.checkpoint.allow_settings_change)
     if restored is None:
       raise TrainError(f"no checkpoint under {workdir}/checkpoints; train first with hourglass-train "
                        f"--workdir={workdir}.")
