@@ -69,6 +69,10 @@ REMOTE_DIR=hourglass_jax
 LOCAL_DATA_DIR='~/hourglass_data'
 # shellcheck disable=SC2016
 LOG='$HOME/hourglass_train.log' PID_FILE='$HOME/hourglass_train.pid' STATUS_FILE='$HOME/hourglass_train.status'
+# shellcheck disable=SC2016
+STOPPED_FILE='$HOME/hourglass_train.stopped'  # `stop` was asked for: `watch` must not restart the run
+# hourglass-train's exit code after saving a checkpoint on SIGTERM / a preemption notice (resume by rerunning it)
+EXIT_PREEMPTED=75
 
 TRAIN_ARGS=()
 
@@ -230,7 +234,7 @@ do_train() {
   else
     # Detached from the ssh session (which may drop); the exit status lands in $STATUS_FILE for `watch`.
     local script="$train > $LOG 2>&1; echo \$? > $STATUS_FILE"
-    ssh_workers all "cd $REMOTE_DIR && rm -f $STATUS_FILE && setsid nohup bash -c $(quote "$script") \
+    ssh_workers all "cd $REMOTE_DIR && rm -f $STATUS_FILE $STOPPED_FILE && setsid nohup bash -c $(quote "$script") \
 > /dev/null 2>&1 < /dev/null & echo \$! > $PID_FILE"
     [[ "$DRY_RUN" == 1 ]] || echo "training started on every worker of $NAME; follow it with: launch/tpu.sh logs \
 --name=$NAME --project=$PROJECT --zone=$ZONE" >&2
@@ -260,8 +264,8 @@ do_relaunch() {
   do_up
 }
 
-finished_check() {  # prints "<exit status> <preemption messages>" of worker 0's last run
-  ssh_workers 0 "cat $STATUS_FILE 2>/dev/null; grep -c 'SIGTERM/preemption' $LOG 2>/dev/null || true"
+finished_check() {  # prints worker 0's last exit status ('running' while it runs), then 'stopped' if `stop` ran
+  ssh_workers 0 "cat $STATUS_FILE 2>/dev/null || echo running; [[ -e $STOPPED_FILE ]] && echo stopped || true"
 }
 
 do_watch() {
@@ -271,7 +275,8 @@ do_watch() {
     state
     echo "# when the state is PREEMPTED, TERMINATED, SUSPENDED or FAILED (or the slice is gone): relaunch"
     do_relaunch
-    echo "# when it is READY / ACTIVE: stop watching once worker 0's run exited 0 without a preemption"
+    echo "# when it is READY / ACTIVE: stop watching once worker 0's run exited 0 (finished) or was stopped; on exit \
+$EXIT_PREEMPTED (checkpoint saved on SIGTERM, e.g. a maintenance event) train again"
     finished_check
     echo "# then sleep $INTERVAL s and poll again"
     return
@@ -285,11 +290,23 @@ do_watch() {
         do_relaunch ;;
       READY|ACTIVE)
         result="$(finished_check 2>/dev/null || true)"
-        if [[ "$result" =~ ^0[[:space:]]+0$ ]]; then
-          echo "training on $NAME has finished; delete the slice with: launch/tpu.sh delete --name=$NAME \
+        case "$(echo "$result" | tr '\n' ' ')" in
+          "0 "*)
+            echo "training on $NAME has finished; delete the slice with: launch/tpu.sh delete --name=$NAME \
 --project=$PROJECT --zone=$ZONE" >&2
-          return 0
-        fi ;;
+            return 0 ;;
+          *stopped*)
+            echo "training on $NAME was stopped with launch/tpu.sh stop; not restarting it" >&2
+            return 0 ;;
+          "$EXIT_PREEMPTED "*)
+            echo "training on $NAME saved a checkpoint on SIGTERM and exited $EXIT_PREEMPTED; training again" >&2
+            do_train ;;
+          "running "*|"") ;;
+          *)
+            echo "error: training on $NAME failed (exit status ${result%%[[:space:]]*}); see launch/tpu.sh logs \
+--name=$NAME --project=$PROJECT --zone=$ZONE" >&2
+            return 1 ;;
+        esac ;;
     esac
     sleep "$INTERVAL"
   done
@@ -303,7 +320,7 @@ case "$COMMAND" in
   collect)
     needs_workdir
     ssh_workers all "gcloud storage cp $LOG $(quote "$WORKDIR")/logs/\$(hostname).log" ;;
-  stop) ssh_workers all "kill -TERM -- -\$(cat $PID_FILE)" ;;  # the trainer's process group
+  stop) ssh_workers all "touch $STOPPED_FILE && kill -TERM -- -\$(cat $PID_FILE)" ;;  # the trainer's process group
   status) state ;;
   delete) do_delete ;;
   up) do_up ;;

@@ -236,3 +236,49 @@ def test_aot_compile_for_a_tpu_pod_slice(monkeypatch):
   result = module.aot_compile(cfg, "v4-16", log=lambda _: None)
   assert result["devices"] == 8 and result["hosts"] == 2 and result["device_kind"] == "TPU v4"
   assert result["mesh"] == dict(data=8, fsdp=1, tensor=1) and result["fits"] and 0 < result["memory_bytes"] < 2**30
+
+
+def _fake_commands(bin_dir: pathlib.Path, **scripts: str) -> dict:
+  """Executables named after `scripts`' keys (bash bodies) in bin_dir, first on PATH."""
+  bin_dir.mkdir(parents=True, exist_ok=True)
+  for name, body in scripts.items():
+    (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+  return dict(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("trainer_exit, requeued", [(75, True), (0, False), (1, False), (130, False)])
+def test_slurm_job_requeues_itself_after_a_preemption_save(tmp_path, trainer_exit, requeued):
+  env = _fake_commands(tmp_path / "bin", srun=f"exit {trainer_exit}",
+                       scontrol=f'echo "$@" >> {tmp_path}/scontrol.log')
+  result = _bash("slurm.sbatch", f"--repo={REPO}", "--config=configs/enwik8.py", "--workdir=/shared/e8",
+                 SLURM_JOB_ID="42", **env)
+  assert result.returncode == trainer_exit, result.stderr
+  log = tmp_path / "scontrol.log"
+  assert (log.read_text() if log.exists() else "") == ("requeue 42\n" if requeued else "")
+  assert ("requeueing it to resume" in result.stderr) == requeued
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_tpu_watch_trains_again_after_a_preemption_save_unless_stopped(tmp_path, stopped):
+  """`watch` on a READY slice whose run exited 75 restarts it (then stops watching once it finishes), but not after
+  `launch/tpu.sh stop`. The fake gcloud runs each ssh --command here, with HOME as the worker's home."""
+  home = tmp_path / "home"
+  trainer = home / "hourglass_jax" / ".venv" / "bin" / "hourglass-train"
+  trainer.parent.mkdir(parents=True)
+  trainer.write_text(f'#!/usr/bin/env bash\necho "$@" >> {tmp_path}/trained.log\n')
+  trainer.chmod(0o755)
+  (home / "hourglass_train.status").write_text("75\n")
+  if stopped:
+    (home / "hourglass_train.stopped").touch()
+  env = _fake_commands(tmp_path / "bin", gcloud='for a; do [[ "$a" == --command=* ]] && c="${a#--command=}"; done\n'
+                       'case "$*" in *describe*) echo READY ;; *" ssh "*) cd "$HOME" && bash -c "$c" ;; esac')
+  result = _bash("tpu.sh", "watch", "--accelerator=v4-8", "--config=configs/enwik8.py", "--workdir=gs://bkt/e8",
+                 "--interval=0", **TPU, **env, HOME=str(home))
+  assert result.returncode == 0, result.stderr
+  trained = (tmp_path / "trained.log").read_text() if (tmp_path / "trained.log").exists() else ""
+  if stopped:
+    assert "was stopped with launch/tpu.sh stop; not restarting it" in result.stderr and not trained
+  else:
+    assert "exited 75; training again" in result.stderr and "has finished" in result.stderr
+    assert trained.count("--workdir=gs://bkt/e8") == 1

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.preemption import EXIT_PREEMPTED
 from tests import scale_out_probe
 from tests.train_util import command_env, free_port, quiet, tiny_config, train_command
 
@@ -111,7 +112,7 @@ def _resume_then_sigterm(launch, workdir, start: int) -> int:
     outputs = _stop(processes, workdir, 2, timeout=120)
   finally:
     _stop(processes, workdir, 2)
-  assert all(p.returncode == 0 for p in processes), outputs[0][1][-3000:]
+  assert all(p.returncode == EXIT_PREEMPTED for p in processes), outputs[0][1][-3000:]
   assert f"resuming from step {start}" in outputs[0][0]
   saved = [int(n) for n in re.findall(r"SIGTERM/preemption: saved checkpoint step (\d+)", outputs[0][0])]
   assert len(saved) == 1 and PAUSE < saved[0] < STEPS, outputs[0][0]

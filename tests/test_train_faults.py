@@ -1,10 +1,11 @@
-"""Faults keep earlier checkpoints intact: SIGTERM, kill -9, an unreadable checkpoint, divergence, another model's
-checkpoint, a full disk."""
+"""Faults keep earlier checkpoints intact: SIGTERM, Ctrl-C, kill -9, an unreadable checkpoint, divergence (also
+right after resuming), another model's checkpoint, a full disk."""
 
 import errno
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -16,11 +17,14 @@ from hourglass_jax import sharding
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from hourglass_jax.train.trainer import Trainer
 from tests.train_util import command_env, quiet, tiny_config, train_command
 
 
-def test_sigterm_checkpoints_the_current_step(tmp_path):
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, EXIT_PREEMPTED, "SIGTERM/preemption"),
+                                                 (signal.SIGINT, EXIT_INTERRUPTED, "Ctrl-C")])
+def test_sigterm_and_ctrl_c_checkpoint_the_current_step(tmp_path, signum, code, said):
   process = subprocess.Popen(train_command(tmp_path, "--config.train.steps=1000000"), stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env=command_env())
   lines = []
@@ -30,15 +34,38 @@ def test_sigterm_checkpoints_the_current_step(tmp_path):
   while not any(line.startswith("compiled:") for line in lines) and time.time() < deadline:
     time.sleep(0.2)  # the line before the first step
   time.sleep(1.0)
-  process.send_signal(signal.SIGTERM)
-  assert process.wait(timeout=120) == 0
+  process.send_signal(signum)
+  assert process.wait(timeout=120) == code  # not 0: a scheduler must not read the stop as "finished"
   reader.join(timeout=10)
   output = "".join(lines)
-  match = re.search(r"saved checkpoint step (\d+)", output)
+  match = re.search(said + r": saved checkpoint step (\d+)", output)
   assert match, output
   step = int(match.group(1))
   assert 0 < step < 1_000_000
   assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == [str(step)]
+  assert not (tmp_path / "lock").exists()  # released on the way out
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+  script = """
+import os, signal
+from hourglass_jax.train.preemption import StopSignals
+with StopSignals(log=print) as signals:
+  os.kill(os.getpid(), signal.SIGINT)
+  print("requested", signals.requested)
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    print("not aborted")
+  except KeyboardInterrupt:
+    print("aborted")
+print("restored", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env=command_env(1))
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split("\n")[1:] == ["Ctrl-C: saving a checkpoint after this step, then stopping (press Ctrl-C "
+                                        "again to abort now, losing the steps since the last checkpoint).",
+                                        "requested SIGINT", "aborted", "restored True", ""]
 
 
 def _saved_steps(workdir) -> list[int]:
@@ -91,6 +118,17 @@ def test_divergence_stops_before_writing_a_poisoned_checkpoint(tmp_path, monkeyp
   with pytest.raises(TrainError, match=r"diverged at step 3: loss nan.*last checkpoint \(step 2\) is intact"):
     train_and_evaluate(cfg, tmp_path, log=quiet)
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+
+
+def test_divergence_right_after_resuming_names_the_checkpoint_as_suspect(tmp_path, monkeypatch):
+  train_and_evaluate(tiny_config(steps=4, checkpoint=dict(every_steps=2)), tmp_path, log=quiet)
+  global_array = Trainer.global_array
+  monkeypatch.setattr(Trainer, "global_array", lambda self, local: global_array(self, local + 10_000))
+  with pytest.raises(TrainError, match=r"diverged at step 5.*1 step\(s\) after resuming from checkpoint step 4, so "
+                                       r"that checkpoint is suspect.*checkpoints/4 into .*checkpoints_unreadable/ "
+                                       r"to resume from step 2 instead") as error:
+    train_and_evaluate(tiny_config(steps=6, checkpoint=dict(every_steps=2)), tmp_path, log=quiet)
+  assert "Lower train.learning_rate" not in str(error.value)
 
 
 def _trainer_and_zero_state(cfg):

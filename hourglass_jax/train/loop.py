@@ -1,5 +1,5 @@
-"""The training loop: resume, train with progress and summaries, evaluate, checkpoint, stop cleanly on NaN or
-SIGTERM. Metrics are fetched one step late, so the host never waits for the device it is feeding."""
+"""The training loop: lock the workdir, resume, train with progress and summaries, evaluate, checkpoint, stop
+cleanly on NaN, SIGTERM or Ctrl-C. Metrics are fetched one step late, so the host never waits for the device it is feeding."""
 
 import math
 import sys
@@ -15,10 +15,11 @@ from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import describe, evaluate
-from hourglass_jax.train.preemption import SigtermFlag
+from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.report import report_compiled
 from hourglass_jax.train.sample import sample_bytes
 from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.workdir_lock import WorkdirLock
 
 
 def log_main(message: str) -> None:
@@ -52,15 +53,16 @@ class _Meter:
 
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None, log=log_main) -> dict:
   """Trains `cfg` in `workdir` (resuming from its newest checkpoint) and returns a summary of this call:
-  losses per step, last eval, throughput, train-step compile time and persistent-cache hits, and whether it
-  finished or stopped for preemption."""
+  losses per step, last eval, throughput, train-step compile time and persistent-cache hits, and why it stopped
+  ('done', 'preempted' by SIGTERM / a preemption notice, 'interrupted' by Ctrl-C; both after saving)."""
   workdir = paths.as_path(workdir)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
-  with jax.set_mesh(mesh), SigtermFlag() as sigterm, Checkpoints(
+  with jax.set_mesh(mesh), WorkdirLock(workdir, log), StopSignals(log) as signals, Checkpoints(
       workdir / "checkpoints", cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.async_save,
       log) as checkpoints:
-    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
+                                          cfg.checkpoint.allow_settings_change)
     if restored and restored[2] >= cfg.train.steps:
       log(f"{checkpoints.directory} already holds step {restored[2]} >= train.steps={cfg.train.steps}: nothing "
           "to train. Raise --config.train.steps to continue, use a new --workdir to start over, or evaluate it "
@@ -73,13 +75,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
     log(f"compile: {seconds:.1f} s ({compile_cache.describe(cache)})")
     writer = metrics_lib.SummaryWriter(str(workdir), jax.process_index() == 0)
     try:
-      return dict(_train(trainer, compiled, perf, restored, checkpoints, sigterm, writer, log),
+      return dict(_train(trainer, compiled, perf, restored, checkpoints, signals, writer, log),
                   compile_seconds=seconds, compile_cache_hits=cache.hits, compile_saved_seconds=cache.saved_seconds)
     finally:
       writer.close()
 
 
-def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, sigterm: SigtermFlag,
+def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, signals: StopSignals,
            writer, log) -> dict:
   cfg, total = trainer.cfg, trainer.cfg.train.steps
   record = config_record(cfg)
@@ -106,12 +108,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
     (step, device_metrics), pending = pending, None
     values = {k: float(v) for k, v in sharding.to_host(device_metrics).items()}
     if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
-      raise TrainError(f"training diverged at step {step}: loss {values['loss']}, gradient norm "
-                       f"{values['grad_norm']}, update norm {values['update_norm']}; "
-                       "stopped without saving it. "
-                       + (f"The last checkpoint (step {saved}) is intact. " if saved is not None else "")
-                       + "Lower train.learning_rate, raise train.warmup_steps or set train.grad_clip_norm, then "
-                       "rerun.")
+      raise TrainError(_divergence_message(step, values, saved, start if restored else None, checkpoints))
     summary["losses"][step] = values["loss"]
     meter.add(values["loss"], values["grad_norm"])
     bar.update(1)
@@ -134,7 +131,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
       drain()
       pending = (step, device_metrics)
       summary["step"] = step
-      stop = sigterm.requested or checkpoints.reached_preemption(step)
+      stop = signals.requested or (checkpoints.reached_preemption(step) and "preemption")
       if stop or step == total or checkpoints.should_save(step):
         drain()  # a checkpoint is written only after its step's loss, gradients and update were checked finite
         checkpoints.save(step, state, batches.get_state(), record, force=True)
@@ -142,9 +139,9 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
         meter.reset()
       if stop:
         checkpoints.wait()
-        summary["stopped"] = "preempted"
-        log(f"\nSIGTERM/preemption: saved checkpoint step {step} in {checkpoints.directory}; rerun the same "
-            "command to resume.")
+        summary["stopped"] = "interrupted" if stop == "SIGINT" else "preempted"
+        log(f"\n{'Ctrl-C' if stop == 'SIGINT' else 'SIGTERM/preemption'}: saved checkpoint step {step} in "
+            f"{checkpoints.directory}; rerun the same command to resume.")
         break
       if step == total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
         drain()
@@ -170,3 +167,20 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
         f"{len(summary['sample'])} sampled bytes):\n{text}")
   checkpoints.wait()
   return summary
+
+
+def _divergence_message(step: int, values: dict, saved: int | None, resumed_from: int | None, checkpoints) -> str:
+  """Names the likely cause: a suspect checkpoint when the run diverges before its first save after resuming
+  from it, the optimisation settings otherwise."""
+  head = (f"training diverged at step {step}: loss {values['loss']}, gradient norm {values['grad_norm']}, update "
+          f"norm {values['update_norm']}; stopped without saving it. ")
+  if resumed_from is not None and saved == resumed_from:
+    older = [s for s in checkpoints.all_steps() if s < resumed_from]
+    fallback = (f"resume from step {older[-1]} instead" if older else "start afresh")
+    return head + (f"It diverged {step - resumed_from} step(s) after resuming from checkpoint step {resumed_from}, "
+                   "so that checkpoint is suspect (damaged in memory before it was saved, or trained into a bad "
+                   f"region). Move {checkpoints.directory / str(resumed_from)} into "
+                   f"{checkpoints.directory.parent / 'checkpoints_unreadable'}/ to {fallback}, then rerun; if it "
+                   "diverges again, lower train.learning_rate or set train.grad_clip_norm.")
+  return head + ((f"The last checkpoint (step {saved}) is intact. " if saved is not None else "")
+                 + "Lower train.learning_rate, raise train.warmup_steps or set train.grad_clip_norm, then rerun.")
