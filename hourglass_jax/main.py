@@ -5,12 +5,11 @@ import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
-from ml_collections import config_flags
 
 from hourglass_jax import paths
+from hourglass_jax.config_file import ConfigFileError, define_config_flag, one_line
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file (optionally :preset).",
-                                          lock_config=True)
+_CONFIG = define_config_flag("config", "Path to a configs/*.py file (optionally :preset).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
 _SPLIT = flags.DEFINE_string("split", None, "hourglass-eval: split to evaluate (default data.eval_split).")
 _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
@@ -29,9 +28,10 @@ def _parse_flags(argv):
   """absl's parser; a bad --config override (unknown key, wrong type) ends with config_flags' message."""
   try:
     return app.parse_flags_with_usage(argv)
+  except ConfigFileError as error:
+    sys.exit(f"error: {error}")
   except (AttributeError, KeyError, TypeError, ValueError) as error:
-    message = " ".join(str(error).replace("\\n", " ").replace("\\'", "").strip("'\"").split())
-    sys.exit(f"error: bad --config override: {message}")
+    sys.exit(f"error: bad --config override: {one_line(error)}")
 
 
 def _setup(level=absl_logging.WARNING):
@@ -46,10 +46,11 @@ def _setup(level=absl_logging.WARNING):
   compile_cache.enable(_COMPILATION_CACHE.value or compile_cache.default_location(_WORKDIR.value))
 
 
-def _check_locations() -> None:
-  """A workdir URL this install cannot open, or a bucket data dir, fails here, before devices or data are touched."""
-  paths.check_writable_location(_WORKDIR.value, "--workdir")
+def _check_locations(create: bool = True) -> None:
+  """A workdir that is a file, cannot be created (`create`: training makes it) or is a URL this install cannot open
+  or reach, or a bucket data dir, fails here, before devices or data are touched."""
   paths.check_local_data_dir(_CONFIG.value.data.get("data_dir", ""), "--config.data.data_dir")
+  paths.check_writable_location(_WORKDIR.value, "--workdir", create)
 
 
 def _run(fn):
@@ -59,7 +60,7 @@ def _run(fn):
 
   try:
     return fn()
-  except (ValueError, TrainError, FileNotFoundError) as error:
+  except (ValueError, TrainError, OSError) as error:
     if flags.FLAGS["verbosity"].present:
       raise
     sys.exit(f"error: {error}")
@@ -85,7 +86,7 @@ def _eval(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
-  _run(lambda: _check_locations() or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
 
 
 def train_entry():
@@ -143,7 +144,7 @@ def _sample(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax import sample_flags
 
-  _run(lambda: _check_locations() or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
 
 
 def sample_entry():

@@ -3,12 +3,20 @@ use. pathlib would collapse 'gs://bucket/run' to 'gs:/bucket/run', a local folde
 
 import importlib.util
 import os
+import socket
+import threading
+import urllib.parse
+import urllib.request
 
 from etils import epath
 
 # URL scheme -> (module epath needs for it, what to install).
 _BACKENDS = {"gs": ("gcsfs", "pip install 'hourglass-jax[gcs]' (or gcsfs google-cloud-storage)"),
              "s3": ("s3fs", "pip install s3fs")}
+# URL scheme -> (variable naming another endpoint, as the clients read it; the service's endpoint).
+_ENDPOINTS = {"gs": ("STORAGE_EMULATOR_HOST", "https://storage.googleapis.com"),
+              "s3": ("AWS_ENDPOINT_URL", "https://s3.amazonaws.com")}
+REACH_SECONDS = 10.0
 
 
 def is_remote(path) -> bool:
@@ -32,10 +40,12 @@ def check_local_data_dir(path, what: str) -> None:
                      "mount the bucket with Cloud Storage FUSE (gcsfuse) and pass the mounted folder.")
 
 
-def check_writable_location(path, what: str) -> None:
-  """Raises ValueError, before any long work, when `path` is a URL this install cannot open."""
+def check_writable_location(path, what: str, create: bool = False) -> None:
+  """Raises ValueError, before any long work, when `path` is a URL this install cannot open or whose service does
+  not answer (the storage clients would retry for minutes), names a file, or (`create`) cannot be made a folder."""
   text = os.fspath(path)
   if not is_remote(text):
+    _check_local_folder(text, what, create)
     return
   scheme = text.split("://", 1)[0]
   if scheme not in _BACKENDS:
@@ -44,3 +54,50 @@ def check_writable_location(path, what: str) -> None:
   if importlib.util.find_spec(module) is None and importlib.util.find_spec("tensorflow") is None:
     raise ValueError(f"{what}={text}: {scheme}:// paths need the {module} package, which is not installed: "
                      f"{install}.")
+  variable, default = _ENDPOINTS[scheme]
+  endpoint = os.environ.get(variable) or default
+  url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+  proxy = urllib.request.getproxies().get(url.scheme)
+  if proxy and not urllib.request.proxy_bypass(url.hostname):
+    url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")  # only the proxy must answer
+  problem = _unreachable(url.hostname, url.port or (443 if url.scheme == "https" else 80))
+  if problem:
+    raise ValueError(f"{what}={text}: cannot reach {url.netloc} ({problem}); check the network (or ${variable}) "
+                     "and retry, or pass a local folder.")
+
+
+def _unreachable(host: str, port: int, seconds: float = REACH_SECONDS) -> str | None:
+  """None when a TCP connection to host:port opens within `seconds` (name lookup included), else why not."""
+  outcome = []
+
+  def connect():
+    try:
+      socket.create_connection((host, port), timeout=seconds).close()
+      outcome.append(None)
+    except OSError as error:
+      outcome.append(error.strerror or str(error) or type(error).__name__)
+
+  thread = threading.Thread(target=connect, daemon=True)  # a stuck name lookup ignores socket timeouts
+  thread.start()
+  thread.join(seconds)
+  return outcome[0] if outcome else f"no answer in {seconds:.0f} s"
+
+
+def _check_local_folder(text: str, what: str, create: bool) -> None:
+  folder = os.path.abspath(os.path.expanduser(text))
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    raise ValueError(f"{what}={text} is a file; pass {'a folder (a new one is created)' if create else 'a folder'}.")
+  if not create:
+    return
+  above = os.path.dirname(folder)
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    raise ValueError(f"{what}={text} lies under the file {above}; pass a folder in a writable location.")
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as error:
+    raise ValueError(f"{what}={text} cannot be created ({error.strerror}); pass a folder in a writable "
+                     "location.") from error
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise ValueError(f"{what}={text} is not writable; pass a folder in a writable location.")

@@ -6,6 +6,7 @@ padded to, and sharded over, the data-parallel devices like a training batch.
 """
 
 import dataclasses
+import math
 import time
 
 import jax
@@ -82,6 +83,26 @@ def _check_same_model(model: dict, saved: dict, directory, step: int) -> None:
                      "and --config.model overrides the run was trained with.")
 
 
+def check_options(options: SampleOptions, vocab_size: int) -> None:
+  """Value ranges of the sampling options, checked before anything is restored or compiled."""
+  problems = (
+      ("num_samples", options.num_samples, options.num_samples >= 1, "must be >= 1"),
+      ("max_new_tokens", options.max_new_tokens, options.max_new_tokens is None or options.max_new_tokens >= 1,
+       "must be >= 1 (leave it unset for the default)"),
+      ("max_len", options.max_len, options.max_len is None or options.max_len >= 1,
+       "must be >= 1 (leave it unset for data.seq_len)"),
+      ("temperature", options.temperature, math.isfinite(options.temperature) and options.temperature >= 0,
+       "must be a finite number >= 0 (0 = greedy)"),
+      ("top_k", options.top_k, options.top_k >= 0, "must be >= 0 (0 = all tokens)"),
+      ("top_p", options.top_p, 0 < options.top_p <= 1, "must be in (0, 1] (1 = all tokens)"),
+      ("end_byte", options.end_byte, options.end_byte is None or 0 <= options.end_byte < vocab_size,
+       f"is outside the vocabulary 0..{vocab_size - 1}"),
+  )
+  for name, value, fine, rule in problems:
+    if not fine:
+      raise ValueError(f"{name}={value} {rule}.")
+
+
 def _image_prompts(cfg, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
   """(prompts [N, 1 + rows*W*C]: the start token and the top rows, originals [N, H, W, C] or None)."""
   from hourglass_jax.data.image_source import START_TOKEN  # pylint: disable=import-outside-toplevel
@@ -136,10 +157,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   """Samples from the newest checkpoint in `workdir`. Returns {'step', 'tokens' [N, new] int32, 'seconds',
   'texts' (bytes each, prompt + continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
   model_cfg = ModelConfig.from_dict(cfg.model)
-  if options.num_samples < 1:
-    raise ValueError(f"num_samples={options.num_samples} must be >= 1.")
-  if options.end_byte is not None and not 0 <= options.end_byte < model_cfg.vocab_size:
-    raise ValueError(f"end_byte={options.end_byte} is outside the vocabulary 0..{model_cfg.vocab_size - 1}.")
+  check_options(options, model_cfg.vocab_size)
   shape = sources.image_shape(cfg.data)
   image_size = None if shape is None else int(np.prod(shape))
   if shape is None:

@@ -14,8 +14,12 @@ def test_prepare_builds_and_reports_splits_and_location(tmp_path):
   folder.mkdir()
   for i in range(4):
     (folder / f"{i}.txt").write_text(f"text number {i}\n" * 50)
+  stale = tmp_path / "tfds" / "text_files" / "incomplete.K1LLED_1.0.0"  # what a killed build leaves behind
+  stale.mkdir(parents=True)
+  (stale / "text_files-train.array_record-00000-of-00001").write_bytes(b"partial")
   done = _data("prepare", "text_files", f"--manual_dir={folder}", f"--data_dir={tmp_path / 'tfds'}")
   assert done.returncode == 0, done.stderr
+  assert f"removed {stale}, left by an interrupted build of text_files" in done.stdout and not stale.exists()
   assert f"text_files at {tmp_path / 'tfds' / 'text_files' / '1.0.0'}" in done.stdout
   assert "train: " in done.stdout and "validation: " in done.stdout and " bytes in " in done.stdout
   assert "--config.data.name=text_files" in done.stdout

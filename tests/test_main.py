@@ -1,8 +1,12 @@
 """The command lines run end to end: hourglass-train trains, checkpoints and logs; hourglass-eval scores it."""
 
+import sys
+
 import numpy as np
+import pytest
 
 from hourglass_jax.data.embedded import stdlib_bytes
+from tests.test_model import CONFIGS
 from tests.train_util import run, train_command
 
 
@@ -29,3 +33,37 @@ def test_train_command_rejects_a_bad_override(tmp_path):
   bad = run(train_command(tmp_path, "--config.model.kind=hourglass", "--config.model.hierarchy=1@1 2@3 2@3 1@1"))
   assert bad.returncode != 0
   assert "model.hierarchy='1@1 2@3 2@3 1@1'" in bad.stderr
+
+
+def _one_error_line(done, *expected: str) -> None:
+  """Failed with one `error:` line holding each of `expected`, and no traceback."""
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  assert len(errors) == 1 and all(e in errors[0] for e in expected), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("config, expected", [
+    ("nope.py", ("--config=nope.py: cannot read nope.py (No such file or directory)", "configs/enwik8.py")),
+    ("{tmp}/broken.py", ("--config={tmp}/broken.py: invalid syntax at {tmp}/broken.py line 1; fix the file",)),
+    (str(CONFIGS), (f"--config={CONFIGS}: {CONFIGS} is a folder; name a config file in it",)),
+    (f"{CONFIGS}/enwik8.py:nope", ("unknown preset 'nope'; choose one of pod, pod_fsdp, pod_tensor",)),
+    (f"{CONFIGS}/tiny.py:pod", (f"{CONFIGS}/tiny.py has no presets; drop ':pod'",)),
+])
+def test_a_config_file_that_cannot_be_loaded_ends_in_one_line(tmp_path, config, expected):
+  (tmp_path / "broken.py").write_text("def get_config(:\n")
+  config, expected = config.format(tmp=tmp_path), [e.format(tmp=tmp_path) for e in expected]
+  done = run([sys.executable, "-c", "from hourglass_jax.main import train_entry; train_entry()", f"--config={config}",
+              f"--workdir={tmp_path / 'run'}"], timeout=120)
+  _one_error_line(done, *expected)
+
+
+@pytest.mark.parametrize("workdir, expected", [
+    ("{tmp}/file", "--workdir={tmp}/file is a file; pass a folder"),
+    ("{tmp}/file/run", "--workdir={tmp}/file/run lies under the file {tmp}/file; pass a folder in a writable"),
+    ("/proc/hourglass/run", "--workdir=/proc/hourglass/run cannot be created (No such file or directory)"),
+])
+def test_a_workdir_that_cannot_be_a_folder_ends_in_one_line(tmp_path, workdir, expected):
+  (tmp_path / "file").write_text("not a folder")
+  done = run(train_command(workdir.format(tmp=tmp_path)), timeout=120, devices=1)
+  _one_error_line(done, expected.format(tmp=tmp_path))
+  assert "devices:" not in done.stdout

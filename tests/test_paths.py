@@ -1,10 +1,12 @@
 import importlib.util
 import os
+import socket
+import time
 
 import pytest
 
 from hourglass_jax import paths
-from tests.train_util import run, train_command
+from tests.train_util import free_port, run, train_command
 
 
 def test_bucket_urls_keep_their_scheme_and_local_paths_become_absolute():
@@ -30,6 +32,31 @@ def test_train_refuses_an_unusable_workdir_url_before_touching_devices():
   done = run(train_command("ftp://host/run"), timeout=120)
   assert done.returncode != 0 and "--workdir=ftp://host/run: unsupported URL scheme 'ftp'" in done.stderr
   assert "devices:" not in done.stdout
+
+
+def test_an_unreachable_bucket_service_fails_fast_in_one_line(monkeypatch):
+  pytest.importorskip("gcsfs", reason="the [gcs] extra installs gcsfs")
+  dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: what an offline host sees, without its 86 s of retries
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", dead)
+  with pytest.raises(ValueError, match=rf"--workdir=gs://b/run: cannot reach 127.0.0.1:\d+ \(Connection refused\); "
+                                       r"check the network \(or \$STORAGE_EMULATOR_HOST\)"):
+    paths.check_writable_location("gs://b/run", "--workdir")
+
+  def hang(*_, **__):  # a name lookup that hangs: socket timeouts do not cover it
+    time.sleep(3)
+    raise OSError("too late")
+
+  monkeypatch.setattr(socket, "create_connection", hang)
+  assert paths._unreachable("storage.googleapis.com", 443, seconds=1) == "no answer in 1 s"
+  monkeypatch.undo()  # the subprocess below reads STORAGE_EMULATOR_HOST from os.environ
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", dead)
+
+  begin = time.monotonic()
+  done = run(train_command("gs://b/run"), timeout=120, devices=1)
+  assert time.monotonic() - begin < 60 and done.returncode != 0 and "Traceback" not in done.stderr
+  assert [line for line in done.stderr.splitlines() if line.strip()] == [
+      f"error: --workdir=gs://b/run: cannot reach {dead[7:]} (Connection refused); check the network (or "
+      "$STORAGE_EMULATOR_HOST) and retry, or pass a local folder."]
 
 
 def test_a_bucket_data_dir_is_refused_with_the_way_to_copy_or_mount_it():

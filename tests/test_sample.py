@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hourglass_jax.sample import SampleOptions, _check_same_model, sample
+from hourglass_jax.sample import SampleOptions, _check_same_model, check_options, sample
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop import train_and_evaluate
 from tests.train_util import command_env, quiet, tiny_config, train_command
@@ -82,6 +82,31 @@ def test_workdir_without_a_checkpoint_and_a_mismatched_config_are_refused(text_r
     _check_same_model(dict(saved, hierarchy="1@1 1@3 1@1"), saved, "checkpoints", 2)
   vanilla = dict(tiny_config().model)
   _check_same_model(dict(vanilla, dropout=0.3, shorten="linear"), vanilla, "checkpoints", 2)  # no effect on it
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(num_samples=-2), r"num_samples=-2 must be >= 1"),
+    (dict(max_new_tokens=0), r"max_new_tokens=0 must be >= 1 \(leave it unset"),
+    (dict(max_len=0), r"max_len=0 must be >= 1 \(leave it unset for data.seq_len\)"),
+    (dict(temperature=-0.5), r"temperature=-0.5 must be a finite number >= 0 \(0 = greedy\)"),
+    (dict(temperature=float("nan")), r"temperature=nan must be a finite number"),
+    (dict(top_k=-1), r"top_k=-1 must be >= 0 \(0 = all tokens\)"),
+    (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+    (dict(end_byte=256), r"end_byte=256 is outside the vocabulary 0..255"),
+])
+def test_sampling_options_out_of_range_are_named(options, match):
+  check_options(SampleOptions(), 256)  # the defaults are fine
+  with pytest.raises(ValueError, match=match):
+    check_options(SampleOptions(**options), 256)
+
+
+@pytest.mark.parametrize("flag, message", [("--top_k=-1", "error: top_k=-1 must be >= 0"),
+                                           ("--max_len=0", "error: max_len=0 must be >= 1")])
+def test_sample_command_refuses_out_of_range_options_before_restoring(tmp_path, flag, message):
+  out = sample_command(tmp_path, "--prompt=ab", flag)  # no checkpoint there: the options are checked first
+  errors = [line for line in out.stderr.decode().splitlines() if line.startswith("error:")]
+  assert out.returncode != 0 and b"Traceback" not in out.stderr and len(errors) == 1 and message in errors[0]
 
 
 def test_sample_command_reports_bad_input_without_a_traceback(text_run):

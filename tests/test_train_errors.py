@@ -24,6 +24,14 @@ from tests.train_util import run, tiny_config, train_command
     (dict(), dict(data=1, tensor=8), r"parameter .*attention/key/bias of shape \(1, 4, 8\): its 'heads' dimension "
                                      r"of 4 cannot be split evenly over mesh axes \('tensor',\) \(8 devices\)"),
     (dict(mesh=dict(rules=(("batch", "data"), ("embedings", "fsdp")))), None, r"logical axis 'embedings'"),
+    (dict(train=dict(b2=1.5)), None, r"train.b2=1.5 must be in \[0, 1\) \(Adam's decay rate, usually 0.98\)"),
+    (dict(train=dict(b1=1.0)), None, r"train.b1=1.0 must be in \[0, 1\)"),
+    (dict(train=dict(b1=-0.1)), None, r"train.b1=-0.1 must be in \[0, 1\)"),
+    (dict(train=dict(learning_rate=float("nan"))), None, r"train.learning_rate=nan must be a finite number"),
+    (dict(train=dict(learning_rate=float("inf"))), None, r"train.learning_rate=inf must be a finite number"),
+    (dict(train=dict(eps=float("nan"))), None, r"train.eps=nan must be a finite number"),
+    (dict(train=dict(grad_clip_norm=float("-inf"))), None, r"train.grad_clip_norm=-inf must be a finite number"),
+    (dict(train=dict(min_lr_ratio=2.0)), None, r"train.min_lr_ratio=2.0 must be in \[0, 1\]"),
 ])
 def test_bad_settings_raise_before_compiling(sections, mesh_cfg, message):
   cfg = tiny_config(**sections)
@@ -31,6 +39,31 @@ def test_bad_settings_raise_before_compiling(sections, mesh_cfg, message):
     cfg.mesh.update(mesh_cfg)
   with pytest.raises((ValueError, FileNotFoundError), match=message):
     Trainer(cfg, sharding.make_mesh(cfg.mesh))
+
+
+@pytest.mark.parametrize("size, message", [
+    (120, r"the train split of data.name='text_file' yields 5 training windows \(seq_len \+ 1 = 49 tokens each\), "
+          r"fewer than one batch of data.batch_size=8; lower data.batch_size"),
+    (600, r"the valid split of data.name='text_file' \(30 bytes\) is shorter than one eval window \+ 1 = 49 bytes"),
+])
+def test_a_corpus_too_small_for_a_batch_or_an_eval_window_is_refused_before_compiling(tmp_path, size, message):
+  path = tmp_path / "small.txt"
+  path.write_bytes(bytes(range(100)) * (size // 100) + bytes(size % 100))  # valid: bytes [0.9, 0.95) of the file
+  cfg = tiny_config(data=dict(name="text_file", path=str(path)))
+  with pytest.raises(ValueError, match=message):
+    Trainer(cfg, sharding.make_mesh(cfg.mesh))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.train.b2=1.5", "error: train.b2=1.5 must be in [0, 1)"),
+    ("--config.train.learning_rate=nan", "error: train.learning_rate=nan must be a finite number"),
+])
+def test_out_of_range_settings_end_the_command_before_compiling(tmp_path, override, message):
+  bad = run(train_command(tmp_path, override), devices=1)
+  assert bad.returncode != 0 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+  errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], bad.stderr[-3000:]
+  assert "compile:" not in bad.stdout
 
 
 def test_unknown_override_on_the_command_line_suggests_the_key(tmp_path):

@@ -6,6 +6,7 @@ import functools
 import io
 import logging
 import os
+import sys
 
 import requests
 import tensorflow_datasets as tfds
@@ -54,12 +55,22 @@ def _build_lock(root: epath.Path, name: str):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _remove_stale_builds(builder: tfds.core.DatasetBuilder, log) -> None:
+  """Deletes the `incomplete.*` folders of killed builds of this dataset (TFDS removes them only on a clean exit).
+  Called under the build lock, so no live build owns one."""
+  for folder in sorted(epath.Path(builder.data_path).parent.glob("incomplete.*")):
+    if folder.is_dir():
+      folder.rmtree()
+      log(f"removed {folder}, left by an interrupted build of {builder.name}")
+
+
 def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None, *,
-            builder_kwargs: dict | None = None, progress: bool = True) -> tfds.core.DatasetBuilder:
+            builder_kwargs: dict | None = None, progress: bool = True, log=print) -> tfds.core.DatasetBuilder:
   """Builds `name` into `data_dir` as array_record files (a no-op when it is already there) and returns its builder.
 
   TFDS writes into a temporary `incomplete.*` folder and renames it only when every split is written, so a failed
-  or interrupted build never leaves a dataset that loads as complete.
+  or interrupted build never leaves a dataset that loads as complete; a killed build's folder is removed (and
+  logged) by the next prepare.
   """
   spec = catalog.get(name)
   catalog.check_manual_files(spec, manual_dir)
@@ -75,6 +86,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
   root = resolve_data_dir(data_dir)
   with _build_lock(root, name):
     builder = get_builder(name, os.fspath(root), file_format="array_record", **kwargs)
+    _remove_stale_builds(builder, log)
     if builder.is_prepared():
       return builder
     if name == "text_files" and not kwargs.get("paths"):
@@ -115,8 +127,9 @@ def open_split(name: str, split: str, data_dir: str = ""):
           f"data.name={name!r} is not prepared under {root} (data.data_dir). Prepare it first: `hourglass-data "
           f"prepare {name} --data_dir={root}` (needs {spec.needs}).")
     print(f"building {name} into {root} (first use; offline, once per data dir)")
+    stdout = sys.stdout
     with contextlib.redirect_stdout(io.StringIO()):  # TFDS's "Downloading and preparing" lines: nothing downloads
-      builder = prepare(name, os.fspath(root), progress=False)
+      builder = prepare(name, os.fspath(root), progress=False, log=lambda line: print(line, file=stdout))
   split = _split_name(builder, split)
   try:
     return builder.as_data_source(split=split)

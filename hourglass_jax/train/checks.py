@@ -1,6 +1,7 @@
 """Everything checkable about a run before anything compiles: config keys and values, mesh, batch split."""
 
 import difflib
+import math
 
 import ml_collections
 
@@ -44,16 +45,35 @@ def _positive(section: str, cfg, *fields: str, allow_zero: bool = False) -> None
       raise ValueError(f"{section}.{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}.")
 
 
+def _finite(cfg: ml_collections.ConfigDict) -> None:
+  """A nan or inf setting (a learning rate, an eps) would surface only after compiling, as a nan loss."""
+  for section in ("data", "train", "checkpoint"):
+    for key, value in cfg[section].items():
+      if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{section}.{key}={value!r} must be a finite number.")
+
+
+def _fraction(section: str, cfg, field: str, what: str, *, closed: bool) -> None:
+  value = cfg[field]
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value <= 1 if closed else
+                                                                            0 <= value < 1):
+    raise ValueError(f"{section}.{field}={value!r} must be in [0, 1{']' if closed else ')'} ({what}).")
+
+
 def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   """Keys, value ranges and choices of the non-model sections."""
   check_known_keys(cfg)
+  _finite(cfg)
   check_data_config(cfg.data, vocab_size)
   train = cfg.train
   if train.schedule not in SCHEDULES:
     raise ValueError(f"train.schedule={train.schedule!r}; choose one of {', '.join(SCHEDULES)}.")
   _positive("train", train, "steps", "learning_rate", "grad_accum_steps", "log_every")
   _positive("train", train, "warmup_steps", "weight_decay", "grad_clip_norm", "eval_every", "sample_bytes",
-            "peak_flops_per_device", "min_lr_ratio", allow_zero=True)
+            "peak_flops_per_device", "eps", allow_zero=True)
+  for field, usual in (("b1", 0.9), ("b2", 0.98)):  # at 1, Adam's bias correction divides by 1 - 1 = 0
+    _fraction("train", train, field, f"Adam's decay rate, usually {usual}", closed=False)
+  _fraction("train", train, "min_lr_ratio", "the cosine schedule's final fraction of learning_rate", closed=True)
   _positive("checkpoint", cfg.checkpoint, "keep")
   _positive("checkpoint", cfg.checkpoint, "every_steps", allow_zero=True)
   _positive("data", cfg.data, "eval_batches", allow_zero=True)
@@ -72,3 +92,12 @@ def check_batch_split(cfg: ml_collections.ConfigDict, parallelism: int, process_
                      f"{parallelism} data-parallel devices (mesh data x fsdp); {fix} or change the mesh.")
   if cfg.data.batch_size % process_count:
     raise ValueError(f"data.batch_size={cfg.data.batch_size} is not divisible by the {process_count} processes.")
+
+
+def check_train_windows(data_cfg: ml_collections.ConfigDict, windows: int) -> None:
+  """One batch needs batch_size training windows; fewer would repeat windows within every batch."""
+  if windows < data_cfg.batch_size:
+    raise ValueError(f"the train split of data.name={data_cfg.name!r} yields {windows} training windows (seq_len + 1 "
+                     f"= {data_cfg.seq_len + 1} tokens each), fewer than one batch of data.batch_size="
+                     f"{data_cfg.batch_size}; lower data.batch_size, data.train_stride or data.seq_len, or use a "
+                     "larger corpus.")

@@ -28,6 +28,8 @@ class Trainer:
     self.batch_size, self.seq_len = cfg.data.batch_size, cfg.data.seq_len
     self.rows = sharding.process_rows(self.batch_sharding, self.batch_size, (self.seq_len + 1,))
     self.train_source = sources.make_source(cfg.data, "train", cfg.model.vocab_size, cfg.train.seed)
+    checks.check_train_windows(cfg.data, len(self.train_source))
+    self.eval_source(cfg.data.eval_split)  # every run evaluates at its end: a split too short fails now, not then
     self.optimizer, self.schedule = make_optimizer(cfg.train)
     self.init_fn = make_init_fn(self.model, self.optimizer, self.seq_len, cfg.train.seed)
     self.abstract, self.shardings = state_layout(self.init_fn, mesh, self.rules)
