@@ -77,7 +77,15 @@ def _train(argv):
     paths.as_path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)
     return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
-  _run(train)
+  from hourglass_jax.train import preemption
+
+  try:
+    stopped = _run(train)["stopped"]  # a stop after saving is not "finished": schedulers requeue on its code
+  except KeyboardInterrupt:
+    print("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost. Rerun the same command "
+          "to resume from it.", file=sys.stderr)
+    sys.exit(preemption.EXIT_INTERRUPTED)
+  sys.exit({"preempted": preemption.EXIT_PREEMPTED, "interrupted": preemption.EXIT_INTERRUPTED}.get(stopped, 0))
 
 
 def _eval(argv):

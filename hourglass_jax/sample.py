@@ -20,17 +20,6 @@ from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.optimizer import make_optimizer
 from hourglass_jax.train.state import make_init_fn, state_layout
 
-# Per kind, the model fields that can change the function while leaving every parameter shape alone (a factor
-# in `hierarchy`, 'avg' vs 'repeat', a retina window...): a checkpoint's recorded settings must match them too.
-_FUNCTION_FIELDS = {
-    "vanilla": ("kind", "hierarchy", "position"),
-    "hourglass": ("kind", "hierarchy", "position", "shorten", "upsample"),
-    "topdown": ("kind", "position", "scales", "layers_per_scale", "downsampler", "upsampler"),
-    "bottomup": ("kind", "position", "scales", "layers_per_scale", "heads_per_scale", "downsampler"),
-    "retina": ("kind", "hierarchy", "position", "scales", "heads_per_scale", "downsampler", "retina_windows"),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class SampleOptions:
   """What to sample. prompt: bytes (text); prompt_rows: image rows given from real images of `split` (0 = from
@@ -62,25 +51,12 @@ def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
   init_fn = make_init_fn(model, optimizer, cfg.data.seq_len, cfg.train.seed)
   abstract, shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
   with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-    restored = checkpoints.restore_latest(abstract, config_record(cfg))
+    restored = checkpoints.restore_latest(abstract, config_record(cfg), cfg.checkpoint.allow_settings_change)
     if restored is None:
       raise FileNotFoundError(f"no readable checkpoint under {directory}; train first with hourglass-train "
                               f"--workdir={workdir}.")
     state, _, step = restored
-    saved = (checkpoints.manager.metadata(step).custom_metadata or {}).get("model", {})
-  _check_same_model(cfg.model.to_dict(), saved, directory, step)
   return state.params, shardings.params, step
-
-
-def _check_same_model(model: dict, saved: dict, directory, step: int) -> None:
-  """Raises when the config's model settings that matter for its kind differ from the checkpoint's record."""
-  fields = _FUNCTION_FIELDS.get(saved.get("kind"), ()) + _FUNCTION_FIELDS.get(model.get("kind"), ())
-  differ = [f"model.{k}: checkpoint {saved[k]!r}, config {model.get(k)!r}" for k in dict.fromkeys(fields)
-            if k in saved and saved[k] != model.get(k, saved[k])]
-  if differ:
-    raise ValueError(f"{directory} step {step} was trained with other model settings than this config "
-                     f"({'; '.join(differ)}); its parameters would compute a different function. Pass the config "
-                     "and --config.model overrides the run was trained with.")
 
 
 def check_options(options: SampleOptions, vocab_size: int) -> None:

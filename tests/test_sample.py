@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hourglass_jax.sample import SampleOptions, _check_same_model, check_options, sample
+from hourglass_jax.sample import SampleOptions, check_options, sample
+from hourglass_jax.train.checkpoint_record import check_same_function
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop import train_and_evaluate
 from tests.train_util import command_env, quiet, tiny_config, train_command
@@ -79,9 +80,9 @@ def test_workdir_without_a_checkpoint_and_a_mismatched_config_are_refused(text_r
   # Settings that leave every shape alone but change the function are caught from the checkpoint's metadata.
   saved = dict(tiny_config(model=dict(kind="hourglass", hierarchy="1@1 1@2 1@1")).model)
   with pytest.raises(ValueError, match=r"model.hierarchy: checkpoint '1@1 1@2 1@1', config '1@1 1@3 1@1'"):
-    _check_same_model(dict(saved, hierarchy="1@1 1@3 1@1"), saved, "checkpoints", 2)
+    check_same_function(saved, dict(saved, hierarchy="1@1 1@3 1@1"), "checkpoints step 2")
   vanilla = dict(tiny_config().model)
-  _check_same_model(dict(vanilla, dropout=0.3, shorten="linear"), vanilla, "checkpoints", 2)  # no effect on it
+  check_same_function(vanilla, dict(vanilla, dropout=0.3, shorten="linear"), "checkpoints step 2")  # no effect
 
 
 @pytest.mark.parametrize("options, match", [

@@ -11,7 +11,9 @@ import orbax.checkpoint as ocp
 
 from hourglass_jax import paths
 from hourglass_jax.train.checkpoint import array_shapes, has_per_block_layout
+from hourglass_jax.train import integrity
 from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.workdir_lock import WorkdirLock
 
 _BLOCK = re.compile(r"^block_(\d+)$")
 OLD_LAYOUT_DIR = "checkpoints_per_block"
@@ -63,6 +65,11 @@ def convert_workdir(workdir, log=print) -> list[int]:
   if not source.exists():
     raise TrainError(f"{source} does not exist: --workdir must be the folder hourglass-train wrote (it holds "
                      "checkpoints/).")
+  with WorkdirLock(workdir, log):  # a run training in this workdir would write checkpoints being converted
+    return _convert(source, staging, aside, log)
+
+
+def _convert(source, staging, aside, log) -> list[int]:
   if aside.exists():
     raise TrainError(f"{aside} already exists (a previous conversion); move it away first so it is not "
                      "overwritten.")
@@ -79,8 +86,9 @@ def convert_workdir(workdir, log=print) -> list[int]:
     for step in steps:
       restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
                                                              data=ocp.args.JsonRestore()))
-      metadata = reader.metadata(step).custom_metadata or {}
       state = stack_blocks(dict(restored.state))
+      metadata = dict(reader.metadata(step).custom_metadata or {}, fingerprints=integrity.array_fingerprints(state),
+                      data_fingerprint=integrity.json_fingerprint(restored.data))
       writer.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                 data=ocp.args.JsonSave(restored.data)),
                   custom_metadata=metadata, force=True)
