@@ -1,6 +1,7 @@
 """Frozen model configuration, validated when built; modules read this, never the ConfigDict."""
 
 import dataclasses
+import numbers
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -24,6 +25,20 @@ REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
 def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
   if value not in allowed:
     raise ValueError(f"model.{field}={value!r} is not supported; choose one of {', '.join(allowed)}.")
+
+
+def _check_types(cfg: "ModelConfig") -> None:
+  """Strings and numbers of the right kind, so that a list or a quoted number fails here, not deep in a module."""
+  for field in dataclasses.fields(cfg):
+    value = getattr(cfg, field.name)
+    example = f" such as {field.default!r}" if field.default not in ("", None) else ""
+    if field.type is str and not isinstance(value, str):
+      raise ValueError(f"model.{field.name}={value!r} is a {type(value).__name__}; it must be a string{example}.")
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    optional = field.type == (float | None)
+    if field.type in (float, float | None) and not number and not (optional and value is None):
+      raise ValueError(f"model.{field.name}={value!r} is a {type(value).__name__}; it must be a number{example} "
+                       "(unquoted).")
 
 
 def _positive_int(field: str, value: Any, minimum: int = 1) -> None:
@@ -65,6 +80,7 @@ class ModelConfig:
   scan_unroll: int = 1
 
   def __post_init__(self):
+    _check_types(self)
     _choice("kind", self.kind, KINDS)
     _positive_int("vocab_size", self.vocab_size, 2)
     _positive_int("d_model", self.d_model)
@@ -139,9 +155,14 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
     """Builds from a mapping (e.g. ConfigDict); unknown keys raise, listing the known ones."""
-    values = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
+    if not hasattr(cfg, "items"):
+      raise ValueError(f"a model config must be a mapping (ConfigDict or dict) or a ModelConfig, got "
+                       f"{type(cfg).__name__} {cfg!r:.60}; pass a `model` section, e.g. "
+                       "build_model(get_config().model).")
+    values = dict(cfg.items())
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f"model config has unknown field(s) {unknown}; known fields are {sorted(known)}.")
+      hint = " (this looks like a whole config: pass its `model` section)" if "model" in unknown else ""
+      raise ValueError(f"model config has unknown field(s) {unknown}{hint}; known fields are {sorted(known)}.")
     return cls(**values)

@@ -9,9 +9,12 @@ cache from the params. Sampling and `generate` (a jit-compiled decode loop) live
 """
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hourglass_jax.model import decode_hourglass, decode_multiscale, decode_retina
+from hourglass_jax.model.checks import check_tokens, is_checkable, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.decode_layers import merge
 from hourglass_jax.model.layers import dense
@@ -52,9 +55,15 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
   return {"state": body.init_state(cfg, batch, padded), "tables": tables}
 
 
+def cache_length(cache) -> int:
+  """Positions a cache holds (its padded max_len): the entries of its largest, full-resolution K/V cache."""
+  leaves = jax.tree_util.tree_leaves_with_path(cache["state"])
+  return max(leaf.shape[-2] for path, leaf in leaves if getattr(path[-1], "key", None) == "v")
+
+
 def _embed(cfg, params, tokens):
   embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
-  return embed.apply({"params": params["embed"]}, tokens)
+  return nan_rows_with_bad_ids(embed.apply({"params": params["embed"]}, tokens), tokens, cfg.vocab_size)
 
 
 def _head(cfg, params, x):
@@ -76,6 +85,7 @@ def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
   starts each sequence with one, see data/image_source.py), so the prompt needs >= 1 token; prompt + generated
   tokens must fit in `max_len`.
   """
+  prompt_BxP = check_tokens(prompt_BxP, cfg.vocab_size, "prompt")
   length = prompt_BxP.shape[1]
   if length < 1:
     raise ValueError("prefill needs a prompt of at least 1 token: this model has no BOS convention, so the first "
@@ -89,8 +99,20 @@ def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
 def decode_step(params, cfg: ModelConfig, cache, token_B, position):
   """Feeds token_B at `position` (an int or int scalar, traced under jit); returns (cache, logits [B, vocab]).
 
-  Positions must be fed in order from the end of the prompt (or from 0 on an empty cache) and stay < max_len.
+  Positions must be fed in order from the end of the prompt (or from 0 on an empty cache) and stay below
+  `cache_length(cache)` (max_len rounded up to the shortening factor). A concrete position or token id out of range
+  raises ValueError; under jit, a position out of range gives NaN logits for every row (and a row with an
+  out-of-range id NaN logits for it), and the cache is no longer valid.
   """
-  if isinstance(position, int) and position < 0:
-    raise ValueError(f"position={position} must be >= 0.")
-  return _run(params, cfg, cache, jnp.asarray(token_B)[:, None], jnp.asarray(position, jnp.int32))
+  token_B = check_tokens(token_B, cfg.vocab_size, "token_B", "[batch]")
+  size = cache_length(cache)
+  if np.ndim(position) or not jnp.issubdtype(jnp.result_type(position), jnp.integer):
+    raise ValueError(f"position={position!r} must be an integer scalar (the index of token_B in the sequence).")
+  if is_checkable(position) and not 0 <= int(position) < size:
+    raise ValueError(f"position={int(position)} is outside the cache, which holds positions [0, {size}); "
+                     "init the cache (or prefill) with a larger max_len.")
+  position = jnp.asarray(position, jnp.int32)
+  cache, logits_BxV = _run(params, cfg, cache, jnp.asarray(token_B)[:, None], position)
+  if not is_checkable(position):
+    logits_BxV = jnp.where((position < 0) | (position >= size), jnp.nan, logits_BxV)
+  return cache, logits_BxV

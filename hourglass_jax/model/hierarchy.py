@@ -47,7 +47,9 @@ def _fail(value: str, problem: str) -> ValueError:
 
 def parse_hierarchy(value: str) -> Hierarchy:
   """Parses and validates a hierarchy string; raises ValueError naming the problem."""
-  if not isinstance(value, str) or not value.strip():
+  if not isinstance(value, str):
+    raise _fail(value, f"it is a {type(value).__name__}, not a string")
+  if not value.strip():
     raise _fail(value, "it is empty")
   tokens = value.split()
   pairs = []

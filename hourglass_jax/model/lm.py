@@ -3,6 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
+from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass import HourglassLevel
 from hourglass_jax.model.layers import dense
@@ -17,12 +18,14 @@ class HourglassLM(nn.Module):
   """tokens [B, L] -> logits [B, L, vocab]; logits[:, t] depend only on tokens[:, :t+1] and predict token t+1.
 
   Serves every kind: the body is picked by `cfg.kind` (a single-level hierarchy is the vanilla decoder stack).
+  Ids outside [0, vocab) raise ValueError when concrete; under jit their row's logits are all NaN (checks.py).
   """
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, tokens_BxL, deterministic: bool = True):
     cfg = self.cfg
+    tokens_BxL = check_tokens(tokens_BxL, cfg.vocab_size, "tokens")
     length = tokens_BxL.shape[1]
     if cfg.kind == "retina":
       check_windows_fit(cfg, length)
@@ -32,7 +35,8 @@ class HourglassLM(nn.Module):
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
                      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
-    x_BxPxD = nn.Dropout(cfg.dropout)(embed(tokens_BxP), deterministic=deterministic)
+    x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
+    x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
     x_BxPxD = BODIES[cfg.kind](cfg, name="body")(x_BxPxD, deterministic)
     logits_BxPxV = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head")(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

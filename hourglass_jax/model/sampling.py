@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from hourglass_jax.model.checks import check_tokens
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.decode import decode_step, prefill, unbox_params
 
@@ -85,7 +86,10 @@ def _generate(params, prompt_BxP, rng, end_token, cfg, max_new_tokens, temperatu
     return cache["state"], step + 1, done_B | (token_B == end_token), out_BxN.at[:, step].set(token_B), rng
 
   carry = (cache["state"], jnp.int32(1), token_B == end_token, out_BxN, rng)
-  return lax.while_loop(running, body, carry)[3]
+  out_BxN = lax.while_loop(running, body, carry)[3]
+  # Only an outer jit lets such a prompt through (concrete ones are checked on the host): its row's logits were NaN.
+  bad_Bx1 = jnp.any((prompt_BxP < 0) | (prompt_BxP >= cfg.vocab_size), axis=1, keepdims=True)
+  return jnp.where(bad_Bx1, -1, out_BxN)
 
 
 def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, temperature: float = 1.0,
@@ -95,10 +99,11 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
   One jit-compiled program: a parallel prefill, then a lax.while_loop of decode steps that stops once every row
   has produced `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`.
   temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. `rng` is a PRNG key or an int seed;
-  the prompt needs >= 1 token (no BOS convention).
+  the prompt needs >= 1 token (no BOS convention). A prompt id outside [0, vocab) raises ValueError; when the
+  prompt is traced (generate under your own jit), that row comes back as -1 everywhere.
   """
-  prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
-  if prompt_BxP.ndim != 2 or prompt_BxP.shape[1] < 1:
+  prompt_BxP = jnp.asarray(check_tokens(prompt_BxP, cfg.vocab_size, "prompt"), jnp.int32)
+  if prompt_BxP.shape[1] < 1:
     raise ValueError(f"generate needs prompts [batch, length >= 1], got shape {prompt_BxP.shape}: this model has "
                      "no BOS convention, so start from at least one real token (e.g. a newline byte).")
   if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
