@@ -54,6 +54,7 @@ class Checkpoints:
         create=not read_only)
     handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._records = {}
 
   def __enter__(self):
     self.manager.__enter__()
@@ -123,11 +124,17 @@ class Checkpoints:
       return restored.state, restored.data, step
     return None
 
+  def _record(self, step: int) -> dict:
+    """The run record saved with `step` (read once: Orbax takes a few hundred ms per read)."""
+    if step not in self._records:
+      self._records[step] = self.manager.metadata(step).custom_metadata or {}
+    return self._records[step]
+
   def _verify(self, step: int, state: TrainState, data_state) -> str | None:
     """None if the restored state and data position are what was saved; else what is wrong with them."""
     if not isinstance(data_state, dict) or not data_state:
       return f"holds no data-iterator position ({data_state!r}), so the data would silently restart"
-    record = self.manager.metadata(step).custom_metadata or {}
+    record = self._record(step)
     if "fingerprints" not in record:  # saved by hourglass_jax before fingerprints, or its metadata file is lost
       self.log(f"checkpoint step {step} under {self.directory} records no fingerprints (saved by an older "
                "hourglass_jax); restored without verifying it.")
@@ -148,7 +155,7 @@ class Checkpoints:
     if step is None:
       return
     try:
-      saved_model = (self.manager.metadata(step).custom_metadata or {}).get("model", {})
+      saved_model = self._record(step).get("model", {})
       saved = array_shapes(self.manager.item_metadata(step)["state"].tree)
     except Exception:
       return  # unreadable: restore_latest reports it and falls back
@@ -177,6 +184,7 @@ class Checkpoints:
                      "checkpoint was trained with. The existing checkpoints were left untouched.")
 
   def _move_aside(self, step: int) -> None:
+    self._records.pop(step, None)  # a later save may reuse the step number
     if self.read_only:
       return
     if jax.process_index() == 0:
