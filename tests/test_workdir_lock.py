@@ -76,15 +76,22 @@ def test_another_hosts_recent_lock_is_respected(tmp_path):
       pass
 
 
-def test_the_holder_keeps_its_heartbeat_fresh_and_releases_only_its_own_lock(tmp_path, monkeypatch):
+def test_the_holder_keeps_its_heartbeat_fresh(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lock, "HEARTBEAT_SECONDS", 0.05)
-  messages = []
-  with WorkdirLock(tmp_path, messages.append):
+  with WorkdirLock(tmp_path, quiet):
     first = json.loads((tmp_path / "lock").read_text())
     time.sleep(0.5)
     later = json.loads((tmp_path / "lock").read_text())
-    assert later["heartbeat"] > first["heartbeat"] and later["started"] == first["started"]
+  assert later["heartbeat"] > first["heartbeat"] and later["started"] == first["started"]
+  assert not (tmp_path / "lock").exists()
+
+
+def test_a_holder_whose_lock_was_taken_over_neither_rewrites_nor_deletes_it(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_SECONDS", 3600.0)  # heartbeats driven by hand below
+  messages = []
+  with WorkdirLock(tmp_path, messages.append) as lock:
+    assert lock.refresh()
     taker = _write_lock(tmp_path, "other-host", 2)  # taken over meanwhile (e.g. this host looked dead)
-    time.sleep(0.5)
-  assert json.loads((tmp_path / "lock").read_text()) == taker  # neither rewritten nor deleted: not ours any more
+    assert not lock.refresh()
+  assert json.loads((tmp_path / "lock").read_text()) == taker
   assert any("was taken over by host other-host, pid 2" in m for m in messages), messages

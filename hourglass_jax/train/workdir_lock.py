@@ -108,24 +108,35 @@ class WorkdirLock:
 
   def _write(self, exclusive: bool = False) -> None:
     text = json.dumps(self._record | {"heartbeat": time.time()})
-    if exclusive and not str(self.path).startswith(("gs://", "s3://")):
+    if str(self.path).startswith(("gs://", "s3://")):
+      self.path.write_text(text)  # one object write: readers see the old or the new record, whole
+    elif exclusive:
       fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
       with os.fdopen(fd, "w") as f:
         f.write(text)
-    else:
-      self.path.write_text(text)
+    else:  # a heartbeat: write beside, then rename, so a reader never sees a half-written record
+      partial = self.path.parent / f"{self.path.name}.{os.getpid()}.tmp"
+      partial.write_text(text)
+      os.replace(partial, self.path)
 
   def _is_ours(self, holder: dict) -> bool:
     return all(holder.get(k) == self._record[k] for k in ("host", "pid", "started"))
 
   def _beat(self) -> None:
-    while not self._stop.wait(HEARTBEAT_SECONDS):
-      try:
-        holder = self._holder()
-        if holder and not self._is_ours(holder):
-          self.log(f"warning: the lock {self.path} was taken over by host {holder.get('host')}, pid "
-                   f"{holder.get('pid')}; another run now writes this workdir. Stop one of the two runs.")
-          return
-        self._write()
-      except OSError as error:  # a full disk or a network blip must not kill the run; the next beat retries
-        self.log(f"could not refresh {self.path}: {error}")
+    while not self._stop.wait(HEARTBEAT_SECONDS) and self.refresh():
+      pass
+
+  def refresh(self) -> bool:
+    """One heartbeat: rewrites the record's time if the lock is still ours; False once another run holds it."""
+    try:
+      holder = self._holder()
+      if not holder:
+        return True  # gone or being rewritten (taken over, or deleted by hand): never write over that
+      if not self._is_ours(holder):
+        self.log(f"warning: the lock {self.path} was taken over by host {holder.get('host')}, pid "
+                 f"{holder.get('pid')}; another run now writes this workdir. Stop one of the two runs.")
+        return False
+      self._write()
+    except OSError as error:  # a full disk or a network blip must not kill the run; the next beat retries
+      self.log(f"could not refresh {self.path}: {error}")
+    return True
