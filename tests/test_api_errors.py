@@ -10,7 +10,7 @@ import pytest
 
 from hourglass_jax.model import ModelConfig, build_model, decode, parse_hierarchy, sampling
 from hourglass_jax.testing import random_variables
-from tests.helpers import SMALL, small_config
+from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
 
 VOCAB = SMALL["vocab_size"]
 LENGTH = 6
@@ -24,13 +24,6 @@ KINDS = {
     "retina": dict(kind="retina", hierarchy="1@1", scales="2,1", heads_per_scale="2,2", retina_windows="0:2,2:6"),
 }
 
-
-@pytest.fixture(autouse=True, scope="module")
-def quick_compiles():
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
 
 
 @functools.cache

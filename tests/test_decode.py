@@ -14,7 +14,7 @@ from hourglass_jax.model import ModelConfig, build_model, decode, sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.sampling import filter_logits, sample_logits
 from hourglass_jax.testing import random_variables
-from tests.helpers import SMALL, small_config
+from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
@@ -28,14 +28,6 @@ VOCAB = SMALL["vocab_size"]
 # NumPy, so that slicing it does not compile a JAX op per slice.
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, size=(BATCH, LENGTH)).astype(np.int32)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def quick_compiles():
-  """These tiny programs run for milliseconds; XLA's optimisations would cost most of the test time."""
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
 
 
 def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
