@@ -64,7 +64,8 @@ def test_a_bucket_data_dir_is_refused_with_the_way_to_copy_or_mount_it():
   with pytest.raises(ValueError, match=r"array_record files, which are read and written as local files only.*gcsfuse"):
     paths.check_local_data_dir("gs://b/tfds", "--data_dir")
   train = run(train_command("/tmp/unused", "--config.data.data_dir=gs://b/tfds"), timeout=120)
-  assert train.returncode != 0 and "error: --config.data.data_dir=gs://b/tfds: datasets are array_record" in train.stderr
+  assert train.returncode != 0
+  assert "error: --config.data.data_dir=gs://b/tfds: datasets are array_record" in train.stderr
   assert "devices:" not in train.stdout
   prepare = run(train_command("/tmp/unused", entry="data_entry")[:3] + ["prepare", "digits", "--data_dir=gs://b/tfds"],
                 timeout=120)

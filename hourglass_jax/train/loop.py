@@ -1,5 +1,6 @@
 """The training loop: lock the workdir, resume, train with progress and summaries, evaluate, checkpoint, stop
-cleanly on NaN, SIGTERM or Ctrl-C. Metrics are fetched one step late, so the host never waits for the device it is feeding."""
+cleanly on NaN, SIGTERM or Ctrl-C. Metrics are fetched one step late, so the host never waits for the device it is
+feeding."""
 
 import math
 import sys
@@ -176,7 +177,7 @@ def _divergence_message(step: int, values: dict, saved: int | None, resumed_from
           f"norm {values['update_norm']}; stopped without saving it. ")
   if resumed_from is not None and saved == resumed_from:
     older = [s for s in checkpoints.all_steps() if s < resumed_from]
-    fallback = (f"resume from step {older[-1]} instead" if older else "start afresh")
+    fallback = f"resume from step {older[-1]} instead" if older else "start afresh"
     return head + (f"It diverged {step - resumed_from} step(s) after resuming from checkpoint step {resumed_from}, "
                    "so that checkpoint is suspect (damaged in memory before it was saved, or trained into a bad "
                    f"region). Move {checkpoints.directory / str(resumed_from)} into "
