@@ -1,13 +1,14 @@
 """Learning efficiency at equal compute: vanilla versus Hourglass trained for the same FLOP budget.
 
-    .venv/bin/python benchmarks/learning.py [--quick] [--budget_tflop 0.5] [--seeds 0,1] [--data PATH]
+    .venv/bin/python benchmarks/learning.py [--quick] [--budget_tflop 0.5] [--seeds 0,1] [--corpus PATH]
 
 Each model trains with `hourglass_jax.train.loop.train_and_evaluate` for budget / (its analytic FLOPs per step)
 steps, so the cheaper Hourglass takes more steps (widths d 64 / 4 heads / ff 256 by default, 0.5 TFLOP per run:
 about 5 minutes a run on 2 cores at load ~10; dropout off for both), then reports validation bits per byte on the
-whole valid split (tinyshakespeare, /work/shared/data/tinyshakespeare.txt when present, else the embedded
-corpus). Same data order, learning rate, schedule shape, batch and length for both. Results:
-results/learning.json (appended) and results/learning_curves.png.
+whole valid split of the corpus: the embedded one (data.name=stdlib_text, the Python standard library's sources)
+unless --corpus names a text file (split 90/5/5 in order; BENCHMARKS.md used tinyshakespeare.txt). Same data order,
+learning rate, schedule shape, batch and length for both. Results: results/learning.json (appended; the corpus
+recorded by file name, size and SHA-256, never its path) and results/learning_curves.png.
 """
 
 import os
@@ -16,6 +17,7 @@ import pathlib
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
 
 import argparse  # noqa: E402
+import hashlib  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -28,7 +30,6 @@ from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
-SHAKESPEARE = pathlib.Path("/work/shared/data/tinyshakespeare.txt")
 QUICK = dict(budget_tflop=0.01, seeds="0", seq_len=64, batch=4, model="d_model=32,num_heads=4,d_ff=64")
 
 
@@ -43,7 +44,8 @@ def parse_args(argv=None):
   parser.add_argument("--learning_rate", type=float, default=3e-3)
   parser.add_argument("--model", default="d_model=64,num_heads=4,d_ff=256",
                       help="model overrides of configs/default.py's widths (both models)")
-  parser.add_argument("--data", default=str(SHAKESPEARE) if SHAKESPEARE.is_file() else "")
+  parser.add_argument("--corpus", default="", metavar="PATH",
+                      help="a text file to train on (default: the embedded corpus, data.name=stdlib_text)")
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="learning")
   parser.add_argument("--no_plot", action="store_true")
@@ -52,8 +54,8 @@ def parse_args(argv=None):
 
 def run_config(args, preset: str, seed: int):
   cfg = bench_config(preset, args.seq_len, args.batch, dropout=0.0, **parse_overrides(args.model))
-  if args.data:
-    cfg.data.update(name="text_file", path=args.data)
+  if args.corpus:
+    cfg.data.update(name="text_file", path=args.corpus)
   else:
     cfg.data.update(name="stdlib_text")
   cfg.data.update(train_stride=max(1, args.seq_len // 4), eval_batches=0)
@@ -64,8 +66,23 @@ def run_config(args, preset: str, seed: int):
   return cfg
 
 
+def describe_corpus(path: str) -> str:
+  """The corpus as a user can reproduce it: the file's name, size and SHA-256 (not its path on this machine)."""
+  if not path:
+    return (f"the embedded corpus (data.name=stdlib_text: the Python {sys.version_info.major}.{sys.version_info.minor} "
+            "standard library's sources)")
+  file = pathlib.Path(path).expanduser()
+  if not file.is_file():
+    raise SystemExit(f"--corpus={path}: no such file; name a text file, or leave --corpus out for the embedded "
+                     "corpus.")
+  data = file.read_bytes()
+  return (f"{file.name} ({len(data):,} bytes, sha256 {hashlib.sha256(data).hexdigest()}, "
+          "passed with --corpus)")
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  corpus = describe_corpus(args.corpus)  # before training: a missing file fails here
   start, runs = time.perf_counter(), []
   for seed in map(int, args.seeds.split(",")):
     for preset in args.presets.split(","):  # alternate models, so drifting load hits both alike
@@ -89,8 +106,8 @@ def main(argv=None) -> dict:
     values = [r["valid_bits"] for r in runs if r["preset"] == preset]
     means[preset] = sum(values) / len(values)
   print("mean valid bits/byte at equal FLOPs: " + ", ".join(f"{p} {v:.4f}" for p, v in means.items()))
-  record = dict(args=vars(args), data=args.data or "embedded corpus", runs=runs, mean_valid_bits=means,
-                wall_s=round(time.perf_counter() - start, 1))
+  record = dict(args=dict(vars(args), corpus=pathlib.Path(args.corpus).name), data=corpus, runs=runs,
+                mean_valid_bits=means, wall_s=round(time.perf_counter() - start, 1))
   results = pathlib.Path(args.results) if args.results else None
   path = append_result(args.name, record, results)
   print(f"appended to {path}")

@@ -25,7 +25,7 @@ def test_throughput_records_costs_timings_and_plot(tmp_path):
 
 
 def test_equal_flop_budget_gives_the_cheaper_model_more_steps():
-  args = learning.parse_args(["--quick", "--data", ""])
+  args = learning.parse_args(["--quick"])
   vanilla, hourglass = (learning.run_config(args, preset, 0) for preset in ("vanilla", "hourglass"))
   budget = args.budget_tflop * 1e12
   for cfg in (vanilla, hourglass):
