@@ -58,7 +58,11 @@ def loadavg() -> list[float]:
 
 
 def append_result(name: str, record: dict, results_dir: pathlib.Path | None = None) -> pathlib.Path:
-  """Appends one run (record + machine info + time) to results/<name>.json, a JSON list."""
+  """Appends one run (record + machine info + time) to results/<name>.json, a JSON list. A `results` entry of the
+  record's args is left out: it names the folder the file is in, a path of this machine."""
+  args = record.get("args")
+  if isinstance(args, dict) and "results" in args:
+    record = dict(record, args={key: value for key, value in args.items() if key != "results"})
   path = pathlib.Path(results_dir or RESULTS) / f"{name}.json"
   path.parent.mkdir(parents=True, exist_ok=True)
   runs = json.loads(path.read_text()) if path.exists() else []
