@@ -1,0 +1,144 @@
+"""Parameters as a safetensors file plus a JSON model card, for use outside a training workdir: `save_params` writes
+`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel') and `config.json` (the
+model section and what the weights are); `load_params` builds the model from the card and checks every array."""
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+import safetensors.numpy
+from flax import traverse_util
+
+from hourglass_jax import __version__, paths
+from hourglass_jax.model import ModelConfig, build_model
+from hourglass_jax.train.checkpoint_record import FUNCTION_FIELDS
+
+WEIGHTS_FILE, CARD_FILE = "model.safetensors", "config.json"
+FORMAT, FORMAT_VERSION = "hourglass_jax", 1
+CARD_KEY = "config"  # the safetensors metadata entry holding the card, so the file alone is enough
+DTYPES = ("float32", "bfloat16")
+
+
+def flatten(params) -> dict[str, np.ndarray]:
+  """Nested params -> {'body/.../kernel': array}, values unboxed from their logical-axis metadata."""
+  return {key: np.asarray(value) for key, value in traverse_util.flatten_dict(nn.meta.unbox(params), sep="/").items()}
+
+
+def unflatten(flat: Mapping[str, np.ndarray]) -> dict:
+  return traverse_util.unflatten_dict(dict(flat), sep="/")
+
+
+def _model_dict(model_cfg) -> dict:
+  """Every field of the validated model config (defaults included, so a later default cannot change its meaning)."""
+  cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
+  return dataclasses.asdict(cfg)
+
+
+def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len: int | None = None,
+                dtype: str | None = None) -> dict:
+  """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
+
+  `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `dtype`
+  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained).
+  """
+  if dtype is not None and dtype not in DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)} (or None: as saved).")
+  flat = flatten(params)
+  if dtype is not None:
+    flat = {k: v.astype(dtype, copy=False) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
+  card = dict(format=FORMAT, format_version=FORMAT_VERSION, hourglass_jax_version=__version__, step=step,
+              seq_len=seq_len, num_params=int(sum(v.size for v in flat.values())),
+              weights_dtype=dtype or str(next(iter(flat.values())).dtype), model=_model_dict(model_cfg))
+  text = json.dumps(card, indent=2)
+  out = paths.as_path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
+  (out / WEIGHTS_FILE).write_bytes(safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}))
+  (out / CARD_FILE).write_text(text + "\n")
+  return card
+
+
+def _locate(path) -> tuple[str, str]:
+  """(weights file, card file beside it) for a folder or a .safetensors path."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  weights = os.path.join(path, WEIGHTS_FILE) if os.path.isdir(path) else path
+  if not os.path.isfile(weights):
+    raise FileNotFoundError(f"{weights} does not exist: pass the folder hourglass-export wrote (holding "
+                            f"{WEIGHTS_FILE} and {CARD_FILE}) or the .safetensors file itself.")
+  return weights, os.path.join(os.path.dirname(weights), CARD_FILE)
+
+
+def read_card(path) -> dict:
+  """The model card of exported weights: config.json beside them (which may be edited, e.g. its attention_impl),
+  else the copy in the safetensors metadata. Raises ValueError when the two disagree on what the weights compute."""
+  weights, card_file = _locate(path)
+  with safetensors.safe_open(weights, framework="np") as f:
+    embedded = (f.metadata() or {}).get(CARD_KEY)
+  embedded = json.loads(embedded) if embedded else None
+  if not os.path.isfile(card_file):
+    if embedded is None:
+      raise ValueError(f"{weights} carries no model card and there is no {card_file}: write the {CARD_FILE} that "
+                       "hourglass-export wrote with it beside the file.")
+    return embedded
+  with open(card_file, encoding="utf-8") as f:
+    card = json.load(f)
+  if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
+    raise ValueError(f"{card_file} holds no 'model' section; restore the {CARD_FILE} hourglass-export wrote.")
+  if embedded is not None and (differ := _function_changes(embedded["model"], card["model"])):
+    raise ValueError(f"{card_file} does not match the model {weights} was exported from ({'; '.join(differ)}); "
+                     "its weights would compute a different function. Restore the exported "
+                     f"{CARD_FILE} (or delete it: the file's own card is then used).")
+  return card
+
+
+def _function_changes(saved: dict, edited: dict) -> list[str]:
+  """Settings of the card in the file that `edited` changes although they change the function, not the shapes."""
+  fields = FUNCTION_FIELDS.get(saved.get("kind"), ()) + FUNCTION_FIELDS.get(edited.get("kind"), ())
+  return [f"model.{k}: file {saved[k]!r}, {CARD_FILE} {edited.get(k)!r}" for k in dict.fromkeys(fields)
+          if k in saved and saved[k] != edited.get(k, saved[k])]
+
+
+def abstract_params(model, seq_len: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """{'body/.../kernel': ShapeDtypeStruct} that `model.init` would create (shapes only, nothing computed)."""
+  tokens = jnp.zeros((1, seq_len or model.cfg.pad_multiple), jnp.int32)
+  return traverse_util.flatten_dict(nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]),
+                                    sep="/")
+
+
+def _check_arrays(found: Mapping[str, tuple], expected: Mapping[str, jax.ShapeDtypeStruct], where: str) -> None:
+  missing = sorted(expected.keys() - found.keys())
+  unexpected = sorted(found.keys() - expected.keys())
+  wrong = [f"{k}: file {found[k]}, model {tuple(expected[k].shape)}" for k in sorted(found.keys() & expected.keys())
+           if tuple(found[k]) != tuple(expected[k].shape)]
+  if not (missing or unexpected or wrong):
+    return
+  problems = [f"{len(items)} {what} (e.g. {'; '.join(items[:3])})" for what, items in
+              (("missing key(s)", missing), ("unexpected key(s)", unexpected), ("shape mismatch(es)", wrong)) if items]
+  raise ValueError(f"{where} does not fit the model its card describes: {', '.join(problems)}. Load it with the "
+                   f"{CARD_FILE} it was exported with (model overrides may change only settings that keep every "
+                   "shape, such as attention_impl or dtype), or export the checkpoint again with hourglass-export.")
+
+
+def load_params(path, **overrides):
+  """(model, params) from exported weights: `path` is the folder hourglass-export wrote or its .safetensors file.
+
+  The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
+  nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
+  creates, ready for `model.apply({'params': params}, tokens_BxL)`.
+  """
+  weights, _ = _locate(path)
+  card = read_card(path)
+  model = build_model(dict(card["model"], **overrides))
+  expected = abstract_params(model, card.get("seq_len"))
+  with safetensors.safe_open(weights, framework="np") as f:
+    found = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    _check_arrays(found, expected, weights)
+    # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
+    flat = {key: f.get_tensor(key).astype(expected[key].dtype, copy=False) for key in found}
+  return model, unflatten(flat)
