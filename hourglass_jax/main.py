@@ -1,4 +1,5 @@
-"""Command-line entry points (absl flags + ml_collections config files): hourglass-train, hourglass-eval."""
+"""Command-line entry points (absl flags + ml_collections config files): hourglass-train, hourglass-eval,
+hourglass-data, hourglass-convert, hourglass-sample, hourglass-export."""
 
 import logging
 import sys
@@ -160,6 +161,25 @@ def sample_entry():
 
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(_sample, flags_parser=_parse_flags)
+
+
+def _export(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
+  from hourglass_jax import export_flags
+
+  _run(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
+       or export_flags.run(_WORKDIR.value))
+
+
+def export_entry():
+  """hourglass-export --workdir=DIR --output=DIR [--step=N] [--dtype=bfloat16]: a checkpoint's parameters as
+  safetensors with a JSON model card (docs/weights.md)."""
+  from hourglass_jax import export_flags  # noqa: F401  defines --output, --step, --dtype, for hourglass-export only
+
+  flags.mark_flags_as_required(["workdir", "output"])
+  app.run(_export, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

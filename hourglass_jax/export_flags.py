@@ -1,0 +1,19 @@
+"""`hourglass-export`'s flags (defined on import, by main.export_entry only: --output is also hourglass-sample's)
+and the call of hourglass_jax.train.export.export_params they make."""
+
+from absl import flags
+
+from hourglass_jax import paths
+from hourglass_jax.weights import DTYPES
+
+_OUTPUT = flags.DEFINE_string("output", None, "Folder to write model.safetensors and config.json into (created).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", DTYPES, "Array dtype in the file: float32 as trained, or bfloat16 "
+                           "for half the size.")
+
+
+def run(workdir: str) -> dict:
+  paths.check_writable_location(_OUTPUT.value, "--output", create=True)
+  from hourglass_jax.train.export import export_params  # pylint: disable=import-outside-toplevel
+
+  return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value)

@@ -1,0 +1,153 @@
+"""Weights that travel: a checkpoint's params exported as safetensors + config.json load back into build_model's
+module bit for bit (bfloat16: closely), from the folder or the file alone; files that do not fit their card fail
+with what is missing, extra or misshapen."""
+
+import json
+import shutil
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+
+from hourglass_jax import sharding, weights
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train import integrity
+from hourglass_jax.train.export import export_params, verify_params
+from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.trainer import Trainer
+from tests.train_util import quiet, run, tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A run with checkpoints at steps 2 and 4 (the integrity tests' run: same programs, cached compiles), step 4's
+  params on the host, and its float32 export."""
+  workdir = tmp_path_factory.mktemp("trained")
+  cfg = tiny_config(steps=4, checkpoint=dict(every_steps=2))
+  train_and_evaluate(cfg, workdir, log=quiet)
+  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
+    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+  assert step == 4
+  exported = workdir.parent / "exported"
+  card = export_params(workdir, exported, log=quiet)
+  return workdir, cfg, jax.device_get(state.params), exported, card
+
+
+def _logits(model, params):
+  tokens_BxL = (jnp.arange(2 * 40, dtype=jnp.int32).reshape(2, 40) * 7) % model.cfg.vocab_size
+  return np.asarray(jax.jit(model.apply)({"params": params}, tokens_BxL))
+
+
+def test_export_loads_back_bit_for_bit(trained):
+  workdir, cfg, params, exported, card = trained
+  assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+  assert json.loads((exported / "config.json").read_text()) == card
+  assert card["step"] == 4 and card["seq_len"] == cfg.data.seq_len and card["weights_dtype"] == "float32"
+  assert card["model"]["kind"] == "vanilla" and card["format_version"] == weights.FORMAT_VERSION
+  assert card["num_params"] == sum(x.size for x in jax.tree.leaves(params))
+  flat = safetensors.numpy.load_file(exported / "model.safetensors")
+  assert "body/layers/blocks/attention/query/kernel" in flat and flat["head/kernel"].dtype == np.float32
+
+  model, loaded = weights.load_params(exported)
+  assert model.cfg.d_model == cfg.model.d_model
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)  # same tree, same bits
+  np.testing.assert_array_equal(_logits(model, loaded), _logits(model, params))
+
+
+def test_altered_params_are_not_exported(trained):
+  params = trained[2]
+  fingerprints = integrity.array_fingerprints({"params": params})
+  verify_params(params, {"fingerprints": fingerprints}, "step 4", log=quiet)
+  fingerprints["params/head/bias"] = "00000000"
+  with pytest.raises(TrainError, match=r"step 4 fails its integrity check: 1 parameter array\(s\) differ .*"
+                                       r"params/head/bias.*--step"):
+    verify_params(params, {"fingerprints": fingerprints}, "step 4", log=quiet)
+
+
+def test_bfloat16_export_is_half_the_size_and_close(trained, tmp_path):
+  workdir, _, params, exported, _ = trained
+  card = export_params(workdir, tmp_path / "bf16", dtype="bfloat16", log=quiet)
+  assert card["weights_dtype"] == "bfloat16"
+  size = (tmp_path / "bf16" / "model.safetensors").stat().st_size
+  assert size < 0.6 * (exported / "model.safetensors").stat().st_size
+  # The file alone is enough: its metadata carries the card.
+  shutil.copy(tmp_path / "bf16" / "model.safetensors", tmp_path / "alone.safetensors")
+  model, loaded = weights.load_params(tmp_path / "alone.safetensors")
+  assert jax.tree.leaves(loaded)[0].dtype == np.float32  # widened back to the trained dtype
+  np.testing.assert_allclose(_logits(model, loaded), _logits(model, params), atol=0.02, rtol=0)
+
+
+def test_an_earlier_step_and_the_command_line(trained, tmp_path):
+  workdir, *_ = trained
+  result = run([sys.executable, "-c", "from hourglass_jax.main import export_entry; export_entry()",
+                f"--workdir={workdir}", f"--output={tmp_path / 'out'}", "--step=2"], devices=1)
+  assert result.returncode == 0, result.stderr
+  assert "exported step 2:" in result.stdout
+  assert json.loads((tmp_path / "out" / "config.json").read_text())["step"] == 2
+  result = run([sys.executable, "-c", "from hourglass_jax.main import export_entry; export_entry()",
+                f"--workdir={workdir}", f"--output={tmp_path / 'out'}", "--step=3"], devices=1)
+  assert result.returncode == 1 and result.stderr.strip() == (
+      f"error: no checkpoint of step 3 under {workdir}/checkpoints; it holds steps 2, 4.")
+
+
+def _rewrite(exported, target, change):
+  """A copy of the export with its arrays changed by `change(flat)` (the card and metadata kept)."""
+  with safetensors.safe_open(exported / "model.safetensors", framework="np") as f:
+    metadata, flat = f.metadata(), {key: f.get_tensor(key) for key in f.keys()}
+  change(flat)
+  target.mkdir()
+  safetensors.numpy.save_file(flat, target / "model.safetensors", metadata=metadata)
+  shutil.copy(exported / "config.json", target)
+  return target
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda flat: flat.pop("head/bias"), r"1 missing key\(s\) \(e\.g\. head/bias\)"),
+    (lambda flat: flat.update({"head/extra": np.zeros(3, np.float32)}), r"1 unexpected key\(s\) \(e\.g\. head/extra"),
+    (lambda flat: flat.update({"head/bias": flat["head/bias"][:-1]}),
+     r"1 shape mismatch\(es\) \(e\.g\. head/bias: file \(255,\), model \(256,\)\)"),
+], ids=["missing", "unexpected", "shape"])
+def test_arrays_that_do_not_fit_the_card_are_named(trained, tmp_path, change, message):
+  exported = _rewrite(trained[3], tmp_path / "changed", change)
+  with pytest.raises(ValueError, match=message + r".*Load it with the config.json it was exported with"):
+    weights.load_params(exported)
+
+
+def test_a_card_that_does_not_match_the_weights(trained, tmp_path):
+  exported = trained[3]
+  folder = shutil.copytree(exported, tmp_path / "copy")
+  card = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps(dict(card, model=dict(card["model"], d_ff=128))))
+  with pytest.raises(ValueError, match=r"shape mismatch\(es\) \(e\.g\. body/layers/blocks/mlp/wi/bias: file "
+                                       r"\(1, 64\), model \(1, 128\)"):
+    weights.load_params(folder)
+  # Same shapes, other function: caught against the card inside the file.
+  (folder / "config.json").write_text(json.dumps(dict(card, model=dict(card["model"], hierarchy="1@1 1@2 1@1",
+                                                                      kind="hourglass"))))
+  with pytest.raises(ValueError, match=r"does not match the model .* was exported from \(model.kind: file "
+                                       r"'vanilla', config.json 'hourglass'"):
+    weights.load_params(folder)
+  with pytest.raises(ValueError, match="unknown field"):
+    weights.load_params(exported, no_such_field=1)
+  model, _ = weights.load_params(exported, attention_impl="xla")  # settings that keep every shape may change
+  assert model.cfg.attention_impl == "xla"
+
+
+def test_workdirs_without_checkpoints(tmp_path):
+  with pytest.raises(TrainError, match="is not a folder"):
+    export_params(tmp_path / "missing", tmp_path / "out", log=quiet)
+  with pytest.raises(TrainError, match=r"no checkpoints under .*checkpoints; --workdir must be a folder "
+                                       "hourglass-train wrote"):
+    export_params(tmp_path, tmp_path / "out", log=quiet)
+  (tmp_path / "checkpoints").mkdir()
+  with pytest.raises(TrainError, match="no checkpoint under .*; train first with hourglass-train"):
+    export_params(tmp_path, tmp_path / "out", log=quiet)
+  with pytest.raises(FileNotFoundError, match="pass the folder hourglass-export wrote"):
+    weights.load_params(tmp_path)
+  assert not (tmp_path / "out").exists()
