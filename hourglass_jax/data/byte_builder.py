@@ -7,7 +7,6 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 CHUNK_BYTES = 1 << 14  # 16 KiB: a 2 KiB window reads one or two small records (64 KiB reads cost ~1.6x more)
-SPLIT_NAMES = ("train", "validation", "test")
 
 
 def rechunk(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[tuple[int, dict]]:

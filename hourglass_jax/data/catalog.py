@@ -1,11 +1,15 @@
-"""The TFDS datasets this project trains on (`data.name`), with what preparing each one needs."""
+"""The TFDS datasets this project trains on (`data.name`), with what preparing each one needs, and the splits they
+all have. The bottom of the data flow: the builders, tfds_io, prepare and sources read this table; it imports no
+TFDS, so reading it is cheap."""
 
 import dataclasses
 
 from hourglass_jax import paths
 
-# Here rather than in enwik8.py so that reading the table does not import TFDS.
+# The download places, here rather than in the builders so that reading the table does not import TFDS.
 ENWIK8_URL, ENWIK8_ARCHIVE = "http://mattmahoney.net/dc/enwik8.zip", "enwik8.zip"
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+IMAGENET_URL = "https://image-net.org/download-images (Downsampled ImageNet, {0}; an account is needed)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +31,6 @@ def _imagenet(side: int) -> DatasetSpec:
                      manual_files=((f"train_{size}.tar", where), (f"valid_{size}.tar", where)))
 
 
-CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
-IMAGENET_URL = "https://image-net.org/download-images (Downsampled ImageNet, {0}; an account is needed)"
 DATASETS = {spec.name: spec for spec in (
     DatasetSpec("stdlib_text", "text", "nothing: the Python standard library's sources", automatic=True),
     DatasetSpec("enwik8", "text", f"{ENWIK8_ARCHIVE} from {ENWIK8_URL}: downloaded when online, else in --manual_dir",
@@ -67,3 +69,14 @@ def check_manual_files(spec: DatasetSpec, manual_dir) -> None:
       raise FileNotFoundError(f"{spec.name}: {file} is not in the manual directory {folder}. Download {url} and "
                               f"put it at {folder / file}, then run `hourglass-data prepare {spec.name} "
                               f"--manual_dir={folder}`.")
+
+
+SPLIT_NAMES = ("train", "validation", "test")  # what every builder here writes
+SPLIT_ALIASES = {"valid": "validation"}  # the configs' spelling
+
+
+def split_bounds(total: int) -> dict[str, tuple[int, int]]:
+  """Ranges of train / validation / test over `total` bytes or images in order: the first 90%, the next 5%, the
+  last 5% (enwik8's split; digits and text of fewer than 3 documents use it too)."""
+  train, valid = total * 90 // 100, total * 95 // 100
+  return dict(zip(SPLIT_NAMES, ((0, train), (train, valid), (valid, total))))

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from hourglass_jax.data.enwik8 import split_bounds
+from hourglass_jax.data.catalog import split_bounds
 
 SHAPE = (8, 8, 1)
 INSTALL = "pip install 'hourglass-jax[images]' (or pip install scikit-learn), which ships the digits"

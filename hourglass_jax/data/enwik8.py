@@ -7,18 +7,12 @@ import zlib
 
 import tensorflow_datasets as tfds
 
-from hourglass_jax.data.byte_builder import SPLIT_NAMES, ByteChunksBuilder, rechunk
-from hourglass_jax.data.catalog import ENWIK8_ARCHIVE as ARCHIVE, ENWIK8_URL as URL
+from hourglass_jax.data.byte_builder import ByteChunksBuilder, rechunk
+from hourglass_jax.data.catalog import ENWIK8_ARCHIVE as ARCHIVE, ENWIK8_URL as URL, split_bounds
 
 MEMBER = "enwik8"
 ENWIK8_BYTES, ARCHIVE_BYTES = 100_000_000, 36_445_475
 _READ_BLOCK = 1 << 20
-
-
-def split_bounds(total_bytes: int) -> dict[str, tuple[int, int]]:
-  """Byte ranges of train / validation / test: the first 90%, the next 5%, the last 5%."""
-  train, valid = total_bytes * 90 // 100, total_bytes * 95 // 100
-  return dict(zip(SPLIT_NAMES, ((0, train), (train, valid), (valid, total_bytes))))
 
 
 def _missing(manual_dir, reason: str) -> FileNotFoundError:

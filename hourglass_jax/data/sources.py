@@ -16,8 +16,6 @@ from hourglass_jax.data.eval_windows import PROTOCOLS, ScoredWindows, protocol_c
 
 DIRECT = ("text_file", "synthetic")  # read without TFDS
 SPLITS = ("train", "valid", "validation", "test")
-SPLIT_FRACTIONS = {"train": (0.0, 0.9), "valid": (0.9, 0.95), "validation": (0.9, 0.95),
-                   "test": (0.95, 1.0)}  # text_file: enwik8's 90/5/5
 
 
 class WindowSource:
@@ -76,8 +74,8 @@ def split_stream(name: str, path: str, split: str, data_dir: str = ""):
   _check_split(split)
   if name == "text_file":
     data = _file_bytes(path)
-    lo, hi = SPLIT_FRACTIONS[split]
-    return data[int(len(data) * lo):int(len(data) * hi)]
+    lo, hi = catalog.split_bounds(len(data))[catalog.SPLIT_ALIASES.get(split, split)]  # enwik8's 90/5/5 in order
+    return data[lo:hi]
   if dataset_kind(name) != "text":
     raise ValueError(f"data.name={name!r} is an image dataset, not a byte stream.")
   from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel  (TFDS import costs ~1 s)

@@ -14,9 +14,9 @@ from typing import Sequence
 
 import tensorflow_datasets as tfds
 
-from hourglass_jax.data.byte_builder import SPLIT_NAMES, ByteChunksBuilder, rechunk
+from hourglass_jax.data.byte_builder import ByteChunksBuilder, rechunk
+from hourglass_jax.data.catalog import SPLIT_NAMES, split_bounds
 from hourglass_jax.data.embedded import stdlib_source_files
-from hourglass_jax.data.enwik8 import split_bounds
 
 HELD_OUT_FRACTION = 0.05
 _READ_BLOCK = 1 << 20

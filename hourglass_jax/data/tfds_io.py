@@ -18,8 +18,6 @@ from hourglass_jax.data.no_tensorflow import without_tensorflow
 # Importing the builders registers them with TFDS under their names.
 from hourglass_jax.data import digits, enwik8, text_files  # noqa: F401  pylint: disable=unused-import
 
-SPLIT_ALIASES = {"valid": "validation"}
-
 
 _NOT_NEWS = ("Variant folder %s has no",  # every check of a dataset not prepared yet: the caller builds it or says how
              "OpenCV is not installed")  # PIL decodes the images instead, as intended
@@ -108,7 +106,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
 
 def _split_name(builder, split: str) -> str:
   available = list(builder.info.splits.keys())
-  resolved = SPLIT_ALIASES.get(split, split)
+  resolved = catalog.SPLIT_ALIASES.get(split, split)
   if available and resolved not in available:  # (no split list: TFDS's mock data in tests)
     raise ValueError(f"{builder.name} has no {split!r} split; it has {', '.join(available)} (set data.eval_split).")
   return resolved
