@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from hourglass_jax.data import embedded, no_tensorflow, pipeline, tfds_io
-from hourglass_jax.data.byte_stream import ByteStream
+from hourglass_jax.data.byte_chunks import ByteStream
 from hourglass_jax.data.eval_windows import ScoredWindows
 from hourglass_jax.data.image_source import ImageSource
 from hourglass_jax.data.sources import WindowSource

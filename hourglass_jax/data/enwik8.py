@@ -7,7 +7,7 @@ import zlib
 
 import tensorflow_datasets as tfds
 
-from hourglass_jax.data.byte_builder import ByteChunksBuilder, rechunk
+from hourglass_jax.data.byte_chunks import ByteChunksBuilder, rechunk
 from hourglass_jax.data.catalog import ENWIK8_ARCHIVE as ARCHIVE, ENWIK8_URL as URL, split_bounds
 
 MEMBER = "enwik8"

@@ -12,7 +12,7 @@ def _disk_bytes(path) -> int:
 
 def split_summary(name: str, data_dir: str | None) -> list[str]:
   """One line per split: how many bytes (text) or images, and how many records hold them."""
-  from hourglass_jax.data.byte_stream import ByteStream  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.data.byte_chunks import ByteStream  # pylint: disable=import-outside-toplevel
 
   spec, lines = catalog.get(name), []
   builder = tfds_io.get_builder(name, data_dir)

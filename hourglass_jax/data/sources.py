@@ -79,7 +79,7 @@ def split_stream(name: str, path: str, split: str, data_dir: str = ""):
   if dataset_kind(name) != "text":
     raise ValueError(f"data.name={name!r} is an image dataset, not a byte stream.")
   from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel  (TFDS import costs ~1 s)
-  from hourglass_jax.data.byte_stream import ByteStream  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.data.byte_chunks import ByteStream  # pylint: disable=import-outside-toplevel
 
   return ByteStream(tfds_io.open_split(name, split, data_dir))
 

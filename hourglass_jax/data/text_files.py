@@ -14,7 +14,7 @@ from typing import Sequence
 
 import tensorflow_datasets as tfds
 
-from hourglass_jax.data.byte_builder import ByteChunksBuilder, rechunk
+from hourglass_jax.data.byte_chunks import ByteChunksBuilder, rechunk
 from hourglass_jax.data.catalog import SPLIT_NAMES, split_bounds
 from hourglass_jax.data.embedded import stdlib_source_files
 
