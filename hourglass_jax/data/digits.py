@@ -1,6 +1,6 @@
-"""The offline image dataset: scikit-learn's 1,797 handwritten digits (8x8, one channel, 17 grey levels scaled to
-0..255), shipped inside the scikit-learn wheel, so image generation can be tried on any machine without a download.
-Splits in order: first 90% train, next 5% validation, last 5% test."""
+"""TFDS builder for the offline image dataset: scikit-learn's 1,797 handwritten digits (8x8, one channel, 17 grey
+levels scaled to 0..255), shipped inside the scikit-learn wheel, so image generation can be tried on any machine
+without a download. Splits in order: first 90% train, next 5% validation, last 5% test."""
 
 import importlib.util
 import pathlib

@@ -1,4 +1,5 @@
-"""An offline corpus every machine has: the Python standard library's own source files, as bytes."""
+"""An offline corpus every machine has: the Python standard library's own source files, as bytes. The raw input
+of the `stdlib_text` builder (text_files.py); tests and benchmarks read the bytes directly."""
 
 import pathlib
 import sysconfig

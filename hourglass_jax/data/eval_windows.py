@@ -1,4 +1,5 @@
-"""Evaluation windows that score every predicted byte of a split exactly once, with per-position weights.
+"""Evaluation windows that score every predicted byte of a split exactly once, with per-position weights: the
+source sources.make_source returns for evaluating text; pipeline.eval_iterator batches the weights with the tokens.
 
 Over a split of N tokens, window k holds tokens [k*s, k*s + W + 1) (zero-padded past the end) and predicts
 tokens k*s+1 .. k*s+W. With `context` c and stride s = W - c, window 0 scores all of its W predictions and every

@@ -1,4 +1,5 @@
-"""Image records as token sequences for the grain pipelines: one image = one sequence of H*W*C values."""
+"""Image records (from tfds_io.open_split) as token sequences for the grain pipelines: one image = one sequence of
+H*W*C values."""
 
 import numpy as np
 

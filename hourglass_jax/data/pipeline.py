@@ -1,4 +1,5 @@
-"""grain pipelines: shuffled, repeating training batches with a checkpointable position, and eval batches.
+"""grain pipelines, the last step of the data flow: batches of any source (sources.py), as shuffled, repeating
+training batches with a checkpointable position, and eval batches.
 
 Global batch s holds examples [s*B, (s+1)*B) of one seeded shuffled stream, whatever the process count: each
 process reads only its block of rows [start, stop), so 1 process and N processes see the same global batches.

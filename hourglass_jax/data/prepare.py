@@ -1,4 +1,5 @@
-"""`hourglass-data prepare NAME`: build a dataset as array_record files and say what was built and where."""
+"""`hourglass-data prepare NAME`: build a dataset as array_record files (tfds_io.prepare) and say what was built
+and where, reading the splits back to count them."""
 
 import time
 

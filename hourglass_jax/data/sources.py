@@ -1,5 +1,6 @@
-"""Random-access sources for the grain pipelines: windows over a split's bytes (TFDS text datasets, or one local
-file read directly), images as whole sequences, and synthetic tokens.
+"""From the `data` config to a random-access source for the grain pipelines (make_source), with the config's checks
+(check_data_config): windows over a split's bytes (TFDS text datasets through tfds_io, or one local file read
+directly), eval windows (eval_windows.py), images as whole sequences (image_source.py), and synthetic tokens.
 
 Every source has `len()` and `[i] -> int32[seq_len + 1]` (inputs are item[:-1], targets item[1:]); eval sources
 may add `weights(i) -> float32[seq_len]` (eval_windows.py).

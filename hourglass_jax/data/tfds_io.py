@@ -1,4 +1,6 @@
-"""Building and opening TFDS datasets without TensorFlow: array_record files, read with `as_data_source`."""
+"""The one door to TFDS, between the builders and the sources: `prepare` builds a dataset as array_record files
+without TensorFlow, and `open_split` opens one split's records by random access (`as_data_source`), building the
+offline datasets on first use. Importing this module registers the builders with TFDS."""
 
 import contextlib
 import fcntl
