@@ -9,7 +9,7 @@ import pytest
 
 from hourglass_jax.model import build_model
 from hourglass_jax.model.config import MULTISCALE_KINDS, SHORTEN, UPSAMPLE
-from hourglass_jax.model.hourglass import HourglassLevel
+from hourglass_jax.model.lm import build_body
 from hourglass_jax.testing import causality_violations, random_variables
 from tests.helpers import SMALL, small_config
 
@@ -67,7 +67,7 @@ def test_the_perturbation_check_catches_a_leak():
 def test_body_gradients_are_causal(shorten, upsample, position):
   """d output[t] / d input[p] == 0 for every p > t, and != 0 for p == t."""
   cfg = small_config(hierarchy=MULTI_LEVEL, shorten=shorten, upsample=upsample, position=position)
-  body = HourglassLevel(cfg)
+  body = build_body(cfg)
   x_BxLxD = jnp.asarray(np.random.default_rng(0).normal(size=(1, 16, cfg.d_model)), jnp.float32)
   shapes = jax.eval_shape(lambda: body.init(jax.random.key(0), x_BxLxD, True))
   rng = np.random.default_rng(1)

@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import counting
-from hourglass_jax.model.multiscale import TopDown
+from hourglass_jax.model.lm import build_body
 from hourglass_jax.model.scale_attention import retina_mask
 from hourglass_jax.testing import random_variables
 from tests.helpers import SMALL
@@ -57,7 +57,7 @@ def test_other_scales_are_causal(kind, overrides):
 def test_topdown_gradients_are_causal():
   """d output[t] / d input[p] == 0 for every p > t, and != 0 for p == t."""
   cfg = config("topdown", downsampler="conv")
-  module = TopDown(cfg)
+  module = build_body(cfg)
   x_BxLxD = jnp.asarray(np.random.default_rng(0).normal(size=(1, 16, cfg.d_model)), jnp.float32)
   shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), x_BxLxD, True))
   rng = np.random.default_rng(1)

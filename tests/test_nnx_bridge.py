@@ -56,7 +56,7 @@ def test_a_decoder_stack_runs_as_an_nnx_layer():
   cfg = small_config()
   x_BxLxD = jnp.ones((2, 6, cfg.d_model))
   with nnx.use_eager_sharding(False):
-    stack = bridge.ToNNX(DecoderStack(cfg, num_layers=2), rngs=nnx.Rngs(0))
+    stack = bridge.ToNNX(DecoderStack(num_layers=2, num_heads=cfg.num_heads), rngs=nnx.Rngs(0))
     bridge.lazy_init(stack, x_BxLxD, True)
   y_BxLxD = stack(x_BxLxD, True)
   assert y_BxLxD.shape == x_BxLxD.shape

@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.resampling import Shorten, Upsample, shift_right, shorten_mask, upsample_mask
 
 D, N, F, B, L = 16, 2, 32, 2, 12
@@ -107,9 +106,12 @@ def np_upsample(s, r, p, option, k, outer, position):
 
 
 # ------------------------------------------------------------------------------------------------------ plumbing
-def make_cfg(**kw):
-  return ModelConfig(vocab_size=50, d_model=D, num_heads=N, d_ff=F, hierarchy="1@1 1@2 1@1", dtype="float32",
-                     attention_impl="xla", **kw)
+OPTIONS = dict(d_model=D, num_heads=N, d_ff=F, attention_impl="xla")
+
+
+def np_shift(x, n):
+  """n zero vectors in front, the last n dropped."""
+  return np.concatenate([np.zeros_like(x[:, :n]), x[:, :x.shape[1] - n]], axis=1)
 
 
 def init_perturbed(module, *inputs, seed=0):
@@ -150,20 +152,19 @@ def test_masks_brute_force(length, k):
 @pytest.mark.parametrize("k,outer", KS_OUTERS)
 @pytest.mark.parametrize("option", ["avg", "linear", "attention_avg", "attention_linear"])
 def test_shorten_matches_numpy(option, k, outer):
-  cfg = make_cfg(shorten=option)
-  module = Shorten(cfg, k, outer)
-  h0 = rand(B, L, D)
-  variables, p = init_perturbed(module, h0)
-  got = np.asarray(module.apply(variables, h0, deterministic=True))
+  module = Shorten(factor=k, method=option, outer_factor=outer, **OPTIONS)
+  x = rand(B, L, D)
+  variables, p = init_perturbed(module, x)
+  got = np.asarray(module.apply(variables, x, deterministic=True))
   assert got.shape == (B, L // k, D)
-  np.testing.assert_allclose(got, np_shorten(h0.astype(np.float64), p, option, k, outer, "rope"), **TOL)
+  np.testing.assert_allclose(got, np_shorten(np_shift(x.astype(np.float64), k - 1), p, option, k, outer, "rope"),
+                             **TOL)
 
 
 @pytest.mark.parametrize("k,outer", KS_OUTERS)
 @pytest.mark.parametrize("option", ["repeat", "linear", "attention_repeat", "attention_linear", "none"])
 def test_upsample_matches_numpy(option, k, outer):
-  cfg = make_cfg(upsample=option)
-  module = Upsample(cfg, k, outer)
+  module = Upsample(factor=k, method=option, outer_factor=outer, **OPTIONS)
   s, r = rand(B, L // k, D, seed=1), rand(B, L, D, seed=2)
   variables, p = init_perturbed(module, s, r)
   got = np.asarray(module.apply(variables, s, r, deterministic=True))
@@ -174,17 +175,17 @@ def test_upsample_matches_numpy(option, k, outer):
 
 @pytest.mark.parametrize("k,outer", [(2, 1), (3, 3)])
 def test_shorten_relative_positions(k, outer):
-  module = Shorten(make_cfg(shorten="attention_linear", position="relative"), k, outer)
-  h0 = rand(B, L, D)
-  variables, p = init_perturbed(module, h0)
-  got = np.asarray(module.apply(variables, h0, deterministic=True))
-  want = np_shorten(h0.astype(np.float64), p, "attention_linear", k, outer, "relative")
+  module = Shorten(factor=k, method="attention_linear", outer_factor=outer, position="relative", **OPTIONS)
+  x = rand(B, L, D)
+  variables, p = init_perturbed(module, x)
+  got = np.asarray(module.apply(variables, x, deterministic=True))
+  want = np_shorten(np_shift(x.astype(np.float64), k - 1), p, "attention_linear", k, outer, "relative")
   np.testing.assert_allclose(got, want, **TOL)
 
 
 @pytest.mark.parametrize("k,outer", [(2, 1), (3, 3)])
 def test_upsample_relative_positions(k, outer):
-  module = Upsample(make_cfg(upsample="attention_repeat", position="relative"), k, outer)
+  module = Upsample(factor=k, method="attention_repeat", outer_factor=outer, position="relative", **OPTIONS)
   s, r = rand(B, L // k, D, seed=1), rand(B, L, D, seed=2)
   variables, p = init_perturbed(module, s, r)
   got = np.asarray(module.apply(variables, s, r, deterministic=True))
@@ -193,6 +194,6 @@ def test_upsample_relative_positions(k, outer):
 
 
 def test_perturbation_makes_layer_norm_params_nontrivial():
-  module = Shorten(make_cfg(shorten="attention_avg"), 2, 1)
+  module = Shorten(factor=2, method="attention_avg", **OPTIONS)
   _, p = init_perturbed(module, rand(B, L, D))
   assert not np.allclose(p["input_norm"]["scale"], 1.0) and not np.allclose(p["input_norm"]["bias"], 0.0)

@@ -1,49 +1,23 @@
 """Frozen model configuration, validated when built; modules read this, never the ConfigDict."""
 
 import dataclasses
-import numbers
 from typing import Any, Mapping
 
 import jax.numpy as jnp
 
 from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIELDS, POSITIONS, REMAT_POLICIES,
+                                              LayerConfig, check_choice, check_int, check_layer_settings,
+                                              check_types)
+from hourglass_jax.model.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
+from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.model.scales import MultiScale, parse_multiscale
 
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
 MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
-SHORTEN = ("avg", "linear", "attention_avg", "attention_linear")
-UPSAMPLE = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
-POSITIONS = ("rope", "relative")
-DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "reference")
-DOWNSAMPLERS = ("avg", "conv")
-UPSAMPLERS = ("transposed_conv", "repeat")
-# What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.
-REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
-
-
-def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
-  if value not in allowed:
-    raise ValueError(f"model.{field}={value!r} is not supported; choose one of {', '.join(allowed)}.")
-
-
-def _check_types(cfg: "ModelConfig") -> None:
-  """Strings and numbers of the right kind, so that a list or a quoted number fails here, not deep in a module."""
-  for field in dataclasses.fields(cfg):
-    value = getattr(cfg, field.name)
-    example = f" such as {field.default!r}" if field.default not in ("", None) else ""
-    if field.type is str and not isinstance(value, str):
-      raise ValueError(f"model.{field.name}={value!r} is a {type(value).__name__}; it must be a string{example}.")
-    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    optional = field.type == (float | None)
-    if field.type in (float, float | None) and not number and not (optional and value is None):
-      raise ValueError(f"model.{field.name}={value!r} is a {type(value).__name__}; it must be a number{example} "
-                       "(unquoted).")
-
-
-def _positive_int(field: str, value: Any, minimum: int = 1) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-    raise ValueError(f"model.{field}={value!r} must be an integer >= {minimum}.")
+SHORTEN = SHORTEN_METHODS
+UPSAMPLE = UPSAMPLE_METHODS
+__all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLICIES", "UPSAMPLERS", "ModelConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,38 +54,14 @@ class ModelConfig:
   scan_unroll: int = 1
 
   def __post_init__(self):
-    _check_types(self)
-    _choice("kind", self.kind, KINDS)
-    _positive_int("vocab_size", self.vocab_size, 2)
-    _positive_int("d_model", self.d_model)
-    _positive_int("num_heads", self.num_heads)
-    _positive_int("d_ff", self.d_ff)
-    if self.d_model % self.num_heads:
-      raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
-                       "pick a d_model that is a multiple of num_heads.")
-    _choice("shorten", self.shorten, SHORTEN)
-    _choice("upsample", self.upsample, UPSAMPLE)
-    _choice("position", self.position, POSITIONS)
-    _choice("dtype", self.dtype, DTYPES)
-    _choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
-    _choice("downsampler", self.downsampler, DOWNSAMPLERS)
-    _choice("upsampler", self.upsampler, UPSAMPLERS)
-    _choice("remat_policy", self.remat_policy, REMAT_POLICIES)
-    _positive_int("scan_unroll", self.scan_unroll, 0)
-    if self.position == "rope" and self.head_dim % 2:
-      raise ValueError(f"model.position='rope' needs an even head size, got d_model/num_heads={self.head_dim}.")
-    if not 0.0 <= float(self.dropout) < 1.0:
-      raise ValueError(f"model.dropout={self.dropout!r} must be in [0, 1).")
-    if self.attention_dropout is not None and not 0.0 <= float(self.attention_dropout) < 1.0:
-      raise ValueError(f"model.attention_dropout={self.attention_dropout!r} must be in [0, 1) (or None: the same "
-                       "as model.dropout).")
-    if self.attention_impl in ("cudnn", "splash") and self.attention_dropout_rate > 0:
-      raise ValueError(f"model.attention_impl={self.attention_impl!r} is a fused kernel without attention-"
-                       f"probability dropout, but the attention dropout is {self.attention_dropout_rate}; use "
-                       "'auto', 'xla' or 'block', or model.attention_dropout=0.")
-    if self.attention_impl in ("cudnn", "splash") and self.position == "relative":
-      raise ValueError(f"model.attention_impl={self.attention_impl!r} cannot add Transformer-XL position biases; "
-                       "use position='rope' or attention_impl='xla'.")
+    check_types(self, "model.")
+    check_choice("model.kind", self.kind, KINDS)
+    check_int("model.vocab_size", self.vocab_size, 2)
+    check_layer_settings(self, "model.")
+    check_choice("model.shorten", self.shorten, SHORTEN)
+    check_choice("model.upsample", self.upsample, UPSAMPLE)
+    check_choice("model.downsampler", self.downsampler, DOWNSAMPLERS)
+    check_choice("model.upsampler", self.upsampler, UPSAMPLERS)
     hierarchy = parse_hierarchy(self.hierarchy)
     if self.kind in ("vanilla", "retina") and hierarchy.depth:
       raise ValueError(f"model.hierarchy={self.hierarchy!r}: kind={self.kind!r} takes a single full-resolution "
@@ -151,6 +101,11 @@ class ModelConfig:
   @property
   def compute_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.dtype)
+
+  @property
+  def layer_config(self) -> LayerConfig:
+    """The block settings, for the reusable modules (`layer_config.options()` are their keyword arguments)."""
+    return LayerConfig(**{name: getattr(self, name) for name in LAYER_FIELDS})
 
   @classmethod
   def from_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":

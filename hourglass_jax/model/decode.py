@@ -44,7 +44,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
   if not isinstance(max_len, int) or max_len < 1:
     raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
   if cfg.kind == "retina":
-    check_windows_fit(cfg, max_len)
+    check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
   body = BODIES[cfg.kind]
   padded = padded_length(cfg, max_len)
   tables = {}

@@ -76,11 +76,12 @@ def _topdown_prefill(cfg, p, st, x_BxTxD):
     k = scales.relative_factor(i + 1)
     window_BxVxD, st[f"buf_{factors[i]}"] = dl.shift_in(st[f"buf_{factors[i]}"], e[i + 1])
     count = dl.num_coarse(e[i + 1].shape[1], k)
-    e[i] = dl.pool(cfg, p.get(f"downsample_{factors[i]}"), k, down_method(cfg), window_BxVxD[:, :count * k])
+    e[i] = dl.pool(cfg, p.get(f"downsample_{factors[i]}"), k, down_method(cfg.downsampler),
+                   window_BxVxD[:, :count * k])
   z_BxTxD = _stack(cfg, p, st, 0, e[0], 0)
   for i in range(1, len(factors)):
     k, coarse = scales.relative_factor(i), factors[i - 1]
-    rows_BxRxD = dl.unpool(cfg, p.get(f"upsample_{coarse}"), k, up_method(cfg), z_BxTxD)
+    rows_BxRxD = dl.unpool(cfg, p.get(f"upsample_{coarse}"), k, up_method(cfg.upsampler), z_BxTxD)
     st[f"rows_{coarse}"] = rows_BxRxD[:, -k:]
     h_BxTxD = _merge(cfg, p, factors[i], e[i], rows_BxRxD[:, :e[i].shape[1]])
     z_BxTxD = _stack(cfg, p, st, i, h_BxTxD, 0)
@@ -100,9 +101,9 @@ def _topdown_scale(cfg, p, st, i, e_Bx1xD, t):
 
   def coarser(st):
     st = dict(st)
-    e_c = dl.pool(cfg, p.get(f"downsample_{coarse}"), k, down_method(cfg), window_BxKxD)
+    e_c = dl.pool(cfg, p.get(f"downsample_{coarse}"), k, down_method(cfg.downsampler), window_BxKxD)
     z_c, st = _topdown_scale(cfg, p, st, i - 1, e_c, t)
-    st[f"rows_{coarse}"] = dl.unpool(cfg, p.get(f"upsample_{coarse}"), k, up_method(cfg), z_c)
+    st[f"rows_{coarse}"] = dl.unpool(cfg, p.get(f"upsample_{coarse}"), k, up_method(cfg.upsampler), z_c)
     return st
 
   st = lax.cond(t % coarse == 0, coarser, lambda st: st, st)
@@ -129,7 +130,8 @@ def _bottomup_feed(cfg, p, st, i, fine_BxTxD, t):
   def active(st):
     st = dict(st)
     count = 1 if t is not None else dl.num_coarse(fine_BxTxD.shape[1], k)
-    z_BxTxD = dl.pool(cfg, p.get(f"downsample_{s}"), k, down_method(cfg), window_BxVxD[:, :count * k])
+    z_BxTxD = dl.pool(cfg, p.get(f"downsample_{s}"), k, down_method(cfg.downsampler),
+                      window_BxVxD[:, :count * k])
     start = 0 if t is None else t // s
     o_BxTxD = _stack(cfg, p, st, i, z_BxTxD, start)
     _write_group(cfg, p, st, i, o_BxTxD, start)

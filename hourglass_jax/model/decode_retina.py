@@ -47,7 +47,7 @@ def _feed(cfg, p, st, i, fine_BxTxD, t):
   def active(st):
     st = dict(st)
     count = 1 if t is not None else dl.num_coarse(fine_BxTxD.shape[1], k)
-    z_BxTxD = dl.pool(cfg, p.get(f"downsample_{s}"), k, down_method(cfg),
+    z_BxTxD = dl.pool(cfg, p.get(f"downsample_{s}"), k, down_method(cfg.downsampler),
                       window_BxVxD[:, :count * k])
     _write_group(cfg, p, st, i, z_BxTxD, 0 if t is None else t // s)
     return st if i == 0 else _feed(cfg, p, st, i - 1, z_BxTxD, t)

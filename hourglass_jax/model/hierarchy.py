@@ -32,6 +32,11 @@ class Hierarchy:
   def num_layers(self) -> int:
     return sum(n for n, _ in self.levels) + sum(self.post_layers)
 
+  def inner(self) -> "Hierarchy":
+    """The levels inside the first shortening, with factors relative to it ('2@1 4@3 2@1' -> '4@1')."""
+    k = self.relative_factor(0)
+    return Hierarchy(levels=tuple((n, f // k) for n, f in self.levels[1:]), post_layers=self.post_layers[1:])
+
   def __str__(self) -> str:
     down = [f"{n}@{f}" for n, f in self.levels]
     up = [f"{n}@{f}" for n, (_, f) in zip(self.post_layers, self.levels)][::-1]

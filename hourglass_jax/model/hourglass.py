@@ -1,28 +1,48 @@
-"""The Hourglass body: a recursion of levels (pre layers -> shift -> shorten -> inner -> upsample -> post layers)."""
+"""The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively."""
 
 import flax.linen as nn
+import jax.numpy as jnp
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.hierarchy import parse_hierarchy
+from hourglass_jax.model.layer_config import LayerOptions
 from hourglass_jax.model.layers import DecoderStack
-from hourglass_jax.model.resampling import Shorten, Upsample, shift_right
+from hourglass_jax.model.resampling import Shorten, Upsample
 
 
-class HourglassLevel(nn.Module):
-  """Level `level` of the parsed hierarchy; the center level is a plain decoder stack (a vanilla model)."""
-  cfg: ModelConfig
-  level: int = 0
+class Hourglass(LayerOptions):
+  """x [B, L, D] -> y [B, L, D], causal: y[:, t] depends only on x[:, :t+1]. Any L (padded at the end inside).
+
+  `hierarchy` is the level notation ('2@1 4@3 2@1': 2 layers at full resolution, 4 at 1/3, 2 back at full; a
+  single '8@1' is a plain decoder stack); `shorten` and `upsample` pick the resampling methods (see `Shorten`,
+  `Upsample`); `outer_factor` is the input stream's own shortening. Block settings: `LayerOptions`. Params: 'pre',
+  'shorten', 'inner' (the next level, the same layout), 'upsample', 'post'; or 'layers' for a single level.
+  """
+  hierarchy: str = "2@1 4@3 2@1"
+  shorten: str = "attention_avg"
+  upsample: str = "attention_repeat"
+  outer_factor: int = 1
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
-    hierarchy = self.cfg.parsed_hierarchy
-    num_pre, factor = hierarchy.levels[self.level]
-    if self.level == hierarchy.depth:
-      return DecoderStack(self.cfg, num_pre, factor, name="layers")(x_BxLxD, deterministic)
-    k = hierarchy.relative_factor(self.level)
-    x_BxLxD = DecoderStack(self.cfg, num_pre, factor, name="pre")(x_BxLxD, deterministic)
-    h0_BxLxD = shift_right(x_BxLxD, k - 1)
-    z_BxLkxD = Shorten(self.cfg, k, factor, name="shorten")(h0_BxLxD, deterministic)
-    z_BxLkxD = HourglassLevel(self.cfg, self.level + 1, name="inner")(z_BxLkxD, deterministic)
-    y_BxLxD = Upsample(self.cfg, k, factor, name="upsample")(z_BxLkxD, x_BxLxD, deterministic)
-    num_post = hierarchy.post_layers[self.level]
-    return DecoderStack(self.cfg, num_post, factor, name="post")(y_BxLxD, deterministic)
+  def __call__(self, x_BxLxD, deterministic: bool = True):
+    hierarchy = parse_hierarchy(self.hierarchy)
+    options = self.layer_config(x_BxLxD.shape[-1]).options()
+    factor = self.outer_factor
+    if not hierarchy.depth:
+      return DecoderStack(num_layers=hierarchy.levels[0][0], factor=factor, **options, name="layers")(
+          x_BxLxD, deterministic)
+    length = x_BxLxD.shape[1]
+    multiple = hierarchy.total_factor
+    # Padding at the end is causal-safe: no real position can see it.
+    x_BxPxD = jnp.pad(x_BxLxD, ((0, 0), (0, -length % multiple), (0, 0)))
+    k = hierarchy.relative_factor(0)
+    x_BxPxD = DecoderStack(num_layers=hierarchy.levels[0][0], factor=factor, **options, name="pre")(
+        x_BxPxD, deterministic)
+    z_BxQxD = Shorten(factor=k, method=self.shorten, outer_factor=factor, **options, name="shorten")(
+        x_BxPxD, deterministic)
+    z_BxQxD = Hourglass(hierarchy=str(hierarchy.inner()), shorten=self.shorten, upsample=self.upsample,
+                        outer_factor=factor * k, **options, name="inner")(z_BxQxD, deterministic)
+    y_BxPxD = Upsample(factor=k, method=self.upsample, outer_factor=factor, **options, name="upsample")(
+        z_BxQxD, x_BxPxD, deterministic)
+    y_BxPxD = DecoderStack(num_layers=hierarchy.post_layers[0], factor=factor, **options, name="post")(
+        y_BxPxD, deterministic)
+    return y_BxPxD[:, :length]

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.positions import apply_rope, relative_distance_index, sinusoid_table
 from hourglass_jax.ops.attention import dot_product_attention
 from hourglass_jax.ops.block_attention import relative_bias
@@ -17,7 +17,7 @@ from hourglass_jax.ops.block_attention import relative_bias
 _kernel_init = nn.initializers.xavier_uniform()
 
 
-def dense(cfg: ModelConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
+def dense(cfg: LayerConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
   """DenseGeneral in the compute dtype with float32 params annotated with logical axes."""
   return nn.DenseGeneral(
       features=features, axis=in_axes, use_bias=use_bias, dtype=cfg.compute_dtype, name=name,
@@ -40,7 +40,7 @@ def _num_out_axes(features) -> int:
   return len(features) if isinstance(features, tuple) else 1
 
 
-def layer_norm(cfg: ModelConfig, name: str | None = None):
+def layer_norm(cfg: LayerConfig, name: str | None = None):
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name=name,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))
@@ -57,7 +57,7 @@ def stream_positions(length: int, factor: int) -> np.ndarray:
 
 class FeedForward(nn.Module):
   """Dense(d_ff) -> GELU(tanh) -> dropout -> Dense(d_model)."""
-  cfg: ModelConfig
+  cfg: LayerConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool):
@@ -70,7 +70,7 @@ class FeedForward(nn.Module):
 
 class MultiHeadAttention(nn.Module):
   """Attention from queries x_q to keys/values x_kv under a static mask, rotary or Transformer-XL positions."""
-  cfg: ModelConfig
+  cfg: LayerConfig
 
   @nn.compact
   def __call__(self, x_q_BxTxD, x_kv_BxSxD, positions_q_T, positions_k_S, mask_TxS, deterministic: bool):
@@ -103,7 +103,7 @@ class MultiHeadAttention(nn.Module):
     return relative_position_terms(cfg, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S, mask_TxS)
 
 
-def relative_position_terms(cfg: ModelConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,
+def relative_position_terms(cfg: LayerConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,
                             mask_TxS):
   """(q + u, the scaled position term (q + v) W_r R(i - j) in its relative form (pos [B, N, T, R], static index
   [T, S]): the block kernel gathers it per block, the others materialise [B, N, T, S]). `project` maps sinusoids
@@ -118,7 +118,7 @@ def relative_position_terms(cfg: ModelConfig, q_BxTxNxH, u_NxH, v_NxH, project, 
 
 class DecoderBlock(nn.Module):
   """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x))."""
-  cfg: ModelConfig
+  cfg: LayerConfig
   factor: int = 1
 
   @nn.compact
@@ -140,7 +140,7 @@ _REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
                    "dots_saveable": jax.checkpoint_policies.dots_saveable}
 
 
-def scan_blocks(cfg: ModelConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, name: str = "blocks",
+def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, name: str = "blocks",
                 **block_kwargs):
   """`num_layers` blocks `block_cls(cfg, **block_kwargs)(x, deterministic) -> x` as one `nn.scan`: params stacked
   on a leading 'layers' axis (under `name`), a dropout key per layer, `cfg.remat_policy` applied inside the scan,
@@ -157,14 +157,18 @@ def scan_blocks(cfg: ModelConfig, block_cls, num_layers: int, x_BxLxD, determini
   return x_BxLxD
 
 
-class DecoderStack(nn.Module):
-  """`num_layers` decoder blocks at total shortening `factor` (scanned: params under 'blocks' with a leading
-  layer axis), ending with its own LayerNorm."""
-  cfg: ModelConfig
-  num_layers: int
+class DecoderStack(LayerOptions):
+  """`num_layers` pre-LN decoder blocks over x [B, L, D] -> [B, L, D], causal, ending with its own LayerNorm.
+
+  Scanned: params under 'blocks' with a leading 'layers' axis. `factor` is the stream's total shortening (its
+  positions are 0, factor, 2*factor...), so rotary and relative positions measure original-token distances.
+  Block settings are the keyword arguments of `LayerOptions`.
+  """
+  num_layers: int = 1
   factor: int = 1
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
-    x_BxLxD = scan_blocks(self.cfg, DecoderBlock, self.num_layers, x_BxLxD, deterministic, factor=self.factor)
-    return layer_norm(self.cfg, "final_norm")(x_BxLxD)
+  def __call__(self, x_BxLxD, deterministic: bool = True):
+    cfg = self.layer_config(x_BxLxD.shape[-1])
+    x_BxLxD = scan_blocks(cfg, DecoderBlock, self.num_layers, x_BxLxD, deterministic, factor=self.factor)
+    return layer_norm(cfg, "final_norm")(x_BxLxD)

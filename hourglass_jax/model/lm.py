@@ -5,13 +5,25 @@ import jax.numpy as jnp
 
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hourglass import HourglassLevel
+from hourglass_jax.model.hourglass import Hourglass
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale import BottomUp, TopDown
 from hourglass_jax.model.retina import Retina, check_windows_fit
 
-BODIES = {"hourglass": HourglassLevel, "vanilla": HourglassLevel, "topdown": TopDown, "bottomup": BottomUp,
-          "retina": Retina}
+
+def build_body(cfg: ModelConfig, name: str = "body"):
+  """The reusable body module of `cfg.kind`, from the config's fields as plain keyword arguments."""
+  options = cfg.layer_config.options()
+  if cfg.kind in ("hourglass", "vanilla"):
+    return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample, **options, name=name)
+  if cfg.kind == "topdown":
+    return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
+                   upsampler=cfg.upsampler, **options, name=name)
+  if cfg.kind == "bottomup":
+    return BottomUp(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, heads_per_scale=cfg.heads_per_scale,
+                    downsampler=cfg.downsampler, **options, name=name)
+  return Retina(num_layers=cfg.parsed_hierarchy.levels[0][0], scales=cfg.scales, retina_windows=cfg.retina_windows,
+                heads_per_scale=cfg.heads_per_scale, downsampler=cfg.downsampler, **options, name=name)
 
 
 class HourglassLM(nn.Module):
@@ -28,7 +40,7 @@ class HourglassLM(nn.Module):
     tokens_BxL = check_tokens(tokens_BxL, cfg.vocab_size, "tokens")
     length = tokens_BxL.shape[1]
     if cfg.kind == "retina":
-      check_windows_fit(cfg, length)
+      check_windows_fit(cfg.parsed_scales, cfg.retina_windows, length)
     multiple = cfg.pad_multiple
     padded = -(-length // multiple) * multiple
     # Padding at the end is causal-safe: no real position can see it.
@@ -37,6 +49,6 @@ class HourglassLM(nn.Module):
                      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
     x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
-    x_BxPxD = BODIES[cfg.kind](cfg, name="body")(x_BxPxD, deterministic)
-    logits_BxPxV = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head")(x_BxPxD)
+    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic)
+    logits_BxPxV = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

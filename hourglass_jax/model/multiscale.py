@@ -1,38 +1,55 @@
 """Top-down and bottom-up multi-scale bodies (Subramanian et al. 2020), causal at every scale boundary.
 
-Both take the scale-1 embedded stream [B, L, D] (L a multiple of the coarsest scale) and return the scale-1
-representation the LM head reads. A stack at cumulative scale s runs at positions 0, s, 2s... (its tokens' last
-positions), so rotary and relative positions measure real distances, as in Hourglass.
+Both map the scale-1 stream x [B, L, D] to the scale-1 representation y [B, L, D] (any L: padded at the end
+inside to a multiple of the coarsest scale). A stack at cumulative scale s runs at positions 0, s, 2s... (its
+tokens' last positions), so rotary and relative positions measure real distances, as in Hourglass.
 """
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
 from hourglass_jax.model.layers import DecoderStack, FeedForward, causal_mask, dense, layer_norm, stream_positions
 from hourglass_jax.model.resampling import upsample_mask
 from hourglass_jax.model.scale_attention import ScaleAttention
-from hourglass_jax.model.scale_resampling import downsample, pyramid, upsample
+from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pyramid, upsample
+from hourglass_jax.model.scales import MultiScale, parse_multiscale
 
 
-class TopDown(nn.Module):
-  """Coarsest scale on pooled embeddings; each finer scale's input is GELU(Linear(concat(pooled embeddings,
-  up-sampled coarser output))); the scale-1 stack's output predicts."""
-  cfg: ModelConfig
+def pad_to(x_BxLxD, multiple: int):
+  """Zeros at the end up to a multiple of `multiple` (causal-safe: no real position can see them)."""
+  return jnp.pad(x_BxLxD, ((0, 0), (0, -x_BxLxD.shape[1] % multiple), (0, 0)))
+
+
+class TopDown(LayerOptions):
+  """Coarsest scale on pooled inputs; each finer scale's input is GELU(Linear(concat(pooled inputs, up-sampled
+  coarser output))); the scale-1 stack's output is y. `scales` ('64,16,4,1', coarse to fine) and
+  `layers_per_scale` ('2,4,8,12') as in the multi-scale notation; `downsampler` 'avg' | 'conv', `upsampler`
+  'transposed_conv' | 'repeat'. Block settings: `LayerOptions`."""
+  scales: str = "16,4,1"
+  layers_per_scale: str = "2,2,2"
+  downsampler: str = "avg"
+  upsampler: str = "transposed_conv"
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
-    cfg = self.cfg
-    scales = cfg.parsed_scales
+  def __call__(self, x_BxLxD, deterministic: bool = True):
+    check_choice("TopDown.downsampler", self.downsampler, DOWNSAMPLERS)
+    check_choice("TopDown.upsampler", self.upsampler, UPSAMPLERS)
+    cfg = self.layer_config(x_BxLxD.shape[-1])
+    options = cfg.options()
+    scales = parse_multiscale("topdown", self.scales, self.layers_per_scale, "", "", cfg.num_heads)
     factors = scales.factors
-    e = pyramid(cfg, x_BxLxD, factors, deterministic)
-    z = DecoderStack(cfg, scales.layers[0], factors[0], name=f"scale_{factors[0]}")(e[0], deterministic)
+    length = x_BxLxD.shape[1]
+    e = pyramid(cfg, self.downsampler, pad_to(x_BxLxD, scales.coarsest), factors, deterministic)
+    z = DecoderStack(num_layers=scales.layers[0], factor=factors[0], **options, name=f"scale_{factors[0]}")(
+        e[0], deterministic)
     for i in range(1, len(factors)):
-      u = upsample(cfg, z, scales.relative_factor(i), deterministic, f"upsample_{factors[i - 1]}")
+      u = upsample(cfg, self.upsampler, z, scales.relative_factor(i), deterministic, f"upsample_{factors[i - 1]}")
       h = dense(cfg, cfg.d_model, ("mlp", "embed"), f"merge_{factors[i]}")(jnp.concatenate([e[i], u], axis=-1))
       h = nn.Dropout(cfg.dropout)(nn.gelu(h, approximate=True), deterministic=deterministic)
-      z = DecoderStack(cfg, scales.layers[i], factors[i], name=f"scale_{factors[i]}")(h, deterministic)
-    return z
+      z = DecoderStack(num_layers=scales.layers[i], factor=factors[i], **options, name=f"scale_{factors[i]}")(
+          h, deterministic)
+    return z[:, :length]
 
 
 class AggregationBlock(nn.Module):
@@ -40,37 +57,50 @@ class AggregationBlock(nn.Module):
 
   `streams` are aligned with the scales (coarse to fine); the scale-1 group attends to the block's own normed input.
   """
-  cfg: ModelConfig
+  cfg: LayerConfig
+  scales: MultiScale
 
   @nn.compact
   def __call__(self, x_BxLxD, streams, deterministic: bool):
     cfg = self.cfg
-    factors = cfg.parsed_scales.factors
+    factors = self.scales.factors
     length = x_BxLxD.shape[1]
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
     kvs = list(streams[:-1]) + [h_BxLxD]
     masks = [upsample_mask(length, s) for s in factors[:-1]] + [causal_mask(length)]
     positions_k = [stream_positions(length // s, s) for s in factors]
-    h_BxLxD = ScaleAttention(cfg, cfg.parsed_scales.heads, name="attention")(
+    h_BxLxD = ScaleAttention(cfg, self.scales.heads, name="attention")(
         h_BxLxD, kvs, stream_positions(length, 1), positions_k, masks, deterministic)
     x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
     h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
     return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
 
 
-class BottomUp(nn.Module):
-  """Pool upward from the embeddings, each coarser scale from the finer scale's output, running each scale's
-  stack; then one aggregation layer at scale 1 over all scales; then the scale-1 stack predicts."""
-  cfg: ModelConfig
+class BottomUp(LayerOptions):
+  """Pool upward from x, each coarser scale from the finer scale's output, running each scale's stack; then one
+  aggregation layer at scale 1 whose head groups (`heads_per_scale`, '' = even split) read all scales; then the
+  scale-1 stack gives y. Fields as `TopDown`; block settings: `LayerOptions`."""
+  scales: str = "16,4,1"
+  layers_per_scale: str = "2,2,2"
+  heads_per_scale: str = ""
+  downsampler: str = "avg"
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
-    cfg = self.cfg
-    scales = cfg.parsed_scales
+  def __call__(self, x_BxLxD, deterministic: bool = True):
+    check_choice("BottomUp.downsampler", self.downsampler, DOWNSAMPLERS)
+    cfg = self.layer_config(x_BxLxD.shape[-1])
+    options = cfg.options()
+    scales = parse_multiscale("bottomup", self.scales, self.layers_per_scale, self.heads_per_scale, "",
+                              cfg.num_heads)
     factors = scales.factors
+    length = x_BxLxD.shape[1]
+    x_BxLxD = pad_to(x_BxLxD, scales.coarsest)
     streams = [x_BxLxD]
     for i in range(len(factors) - 2, -1, -1):
-      z = downsample(cfg, streams[0], scales.relative_factor(i + 1), deterministic, f"downsample_{factors[i]}")
-      streams.insert(0, DecoderStack(cfg, scales.layers[i], factors[i], name=f"scale_{factors[i]}")(z, deterministic))
-    x_BxLxD = AggregationBlock(cfg, name="aggregate")(x_BxLxD, streams, deterministic)
-    return DecoderStack(cfg, scales.layers[-1], 1, name="scale_1")(x_BxLxD, deterministic)
+      z = downsample(cfg, self.downsampler, streams[0], scales.relative_factor(i + 1), deterministic,
+                     f"downsample_{factors[i]}")
+      stack = DecoderStack(num_layers=scales.layers[i], factor=factors[i], **options, name=f"scale_{factors[i]}")
+      streams.insert(0, stack(z, deterministic))
+    x_BxLxD = AggregationBlock(cfg, scales, name="aggregate")(x_BxLxD, streams, deterministic)
+    y_BxLxD = DecoderStack(num_layers=scales.layers[-1], factor=1, **options, name="scale_1")(x_BxLxD, deterministic)
+    return y_BxLxD[:, :length]

@@ -8,8 +8,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import FeedForward, MultiHeadAttention, dense, layer_norm, stream_positions
+
+SHORTEN_METHODS = ("avg", "linear", "attention_avg", "attention_linear")
+UPSAMPLE_METHODS = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
 
 
 def shift_right(x_BxLxD, shift: int):
@@ -31,7 +34,7 @@ def upsample_mask(length: int, k: int) -> np.ndarray:
 
 class Pool(nn.Module):
   """k consecutive vectors -> one: 'avg' = mean, 'linear' = Dense(d) of their position-major concatenation."""
-  cfg: ModelConfig
+  cfg: LayerConfig
   k: int
   method: str
 
@@ -47,7 +50,7 @@ class Pool(nn.Module):
 
 class Unpool(nn.Module):
   """One vector -> k: 'repeat' copies it, 'linear' = Dense(k*d) split position-major."""
-  cfg: ModelConfig
+  cfg: LayerConfig
   k: int
   method: str
 
@@ -63,7 +66,7 @@ class Unpool(nn.Module):
 
 class AttentionResidual(nn.Module):
   """x + drop(Attn(Q=x, K=V=kv)); then x + drop(FFN(LN x)). The tail of attention resampling."""
-  cfg: ModelConfig
+  cfg: LayerConfig
 
   @nn.compact
   def __call__(self, x_BxTxD, kv_BxSxD, positions_q, positions_k, mask_TxS, deterministic: bool):
@@ -75,45 +78,66 @@ class AttentionResidual(nn.Module):
     return x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
 
 
-class Shorten(nn.Module):
-  """Shifted stream h0 [B, L, D] at total factor `outer_factor` -> z [B, L/k, D]."""
-  cfg: ModelConfig
-  k: int
-  outer_factor: int
+def _check_resampling(module, method: str, methods: tuple[str, ...], length: int) -> None:
+  name = type(module).__name__
+  check_choice(f"{name}.method", method, methods)
+  check_int(f"{name}.factor", module.factor, 1)
+  check_int(f"{name}.outer_factor", module.outer_factor, 1)
+  if length % module.factor:
+    raise ValueError(f"{name}: the full-resolution length {length} is not a multiple of factor={module.factor}; "
+                     "pad the sequence at the end (causal-safe) or use the Hourglass body, which pads for you.")
+
+
+class Shorten(LayerOptions):
+  """x [B, L, D] -> z [B, L/factor, D], causal: x is shifted right by factor-1 first, so z[j] summarises
+  x[j*factor - factor + 1 .. j*factor]. `method` 'avg' | 'linear' pool each group of `factor` vectors; the
+  'attention_*' methods pool queries that way and attend over the shifted stream (then a feed-forward tail).
+  `outer_factor` is the input stream's own total shortening (for positions). Block settings: `LayerOptions`."""
+  factor: int = 2
+  method: str = "attention_avg"
+  outer_factor: int = 1
 
   @nn.compact
-  def __call__(self, h0_BxLxD, deterministic: bool):
-    cfg, k = self.cfg, self.k
-    method = cfg.shorten.removeprefix("attention_")
-    if not cfg.shorten.startswith("attention_"):
-      return Pool(cfg, k, method, name="pool")(h0_BxLxD, deterministic)
-    length = h0_BxLxD.shape[1]
+  def __call__(self, x_BxLxD, deterministic: bool = True):
+    length = x_BxLxD.shape[1]
+    _check_resampling(self, self.method, SHORTEN_METHODS, length)
+    cfg, k = self.layer_config(x_BxLxD.shape[-1]), self.factor
+    h0_BxLxD = shift_right(x_BxLxD, k - 1)
+    pool_method = self.method.removeprefix("attention_")
+    if not self.method.startswith("attention_"):
+      return Pool(cfg, k, pool_method, name="pool")(h0_BxLxD, deterministic)
     h_BxLxD = layer_norm(cfg, "input_norm")(h0_BxLxD)
-    q_BxLkxD = layer_norm(cfg, "query_norm")(Pool(cfg, k, method, name="pool")(h_BxLxD, deterministic))
+    q_BxLkxD = layer_norm(cfg, "query_norm")(Pool(cfg, k, pool_method, name="pool")(h_BxLxD, deterministic))
     positions_q = stream_positions(length // k, k * self.outer_factor)
     positions_k = stream_positions(length, self.outer_factor) - (k - 1) * self.outer_factor
     return AttentionResidual(cfg, name="resample")(q_BxLkxD, h_BxLxD, positions_q, positions_k,
                                                    shorten_mask(length, k), deterministic)
 
 
-class Upsample(nn.Module):
-  """Shortened output z [B, L/k, D] and unshifted residual r [B, L, D] -> [B, L, D] (includes "+ r")."""
-  cfg: ModelConfig
-  k: int
-  outer_factor: int
+class Upsample(LayerOptions):
+  """Shortened z [B, L/factor, D] and the full-resolution residual r [B, L, D] -> [B, L, D] (includes "+ r").
+  Position q reads only z[j] with j <= q // factor. `method` 'repeat' | 'linear' expand each vector to `factor`;
+  'attention_*' expand that way and attend over z; 'none' returns r. Block settings: `LayerOptions`."""
+  factor: int = 2
+  method: str = "attention_repeat"
+  outer_factor: int = 1
 
   @nn.compact
-  def __call__(self, z_BxLkxD, r_BxLxD, deterministic: bool):
-    cfg, k = self.cfg, self.k
-    if cfg.upsample == "none":
-      return r_BxLxD
-    method = cfg.upsample.removeprefix("attention_")
-    if not cfg.upsample.startswith("attention_"):
-      u_BxLxD = Unpool(cfg, k, method, name="unpool")(z_BxLkxD, deterministic)
-      return layer_norm(cfg, "output_norm")(u_BxLxD) + r_BxLxD
+  def __call__(self, z_BxLkxD, r_BxLxD, deterministic: bool = True):
     length = r_BxLxD.shape[1]
+    _check_resampling(self, self.method, UPSAMPLE_METHODS, length)
+    if z_BxLkxD.shape[1] * self.factor != length:
+      raise ValueError(f"Upsample: z has {z_BxLkxD.shape[1]} positions and r has {length}; with factor="
+                       f"{self.factor} z needs {length // self.factor}.")
+    if self.method == "none":
+      return r_BxLxD
+    cfg, k = self.layer_config(r_BxLxD.shape[-1]), self.factor
+    unpool_method = self.method.removeprefix("attention_")
+    if not self.method.startswith("attention_"):
+      u_BxLxD = Unpool(cfg, k, unpool_method, name="unpool")(z_BxLkxD, deterministic)
+      return layer_norm(cfg, "output_norm")(u_BxLxD) + r_BxLxD
     s_BxLkxD = layer_norm(cfg, "input_norm")(z_BxLkxD)
-    u_BxLxD = layer_norm(cfg, "query_norm")(Unpool(cfg, k, method, name="unpool")(s_BxLkxD, deterministic))
+    u_BxLxD = layer_norm(cfg, "query_norm")(Unpool(cfg, k, unpool_method, name="unpool")(s_BxLkxD, deterministic))
     u_BxLxD = u_BxLxD + r_BxLxD
     positions_q = stream_positions(length, self.outer_factor)
     positions_k = stream_positions(length // k, k * self.outer_factor)

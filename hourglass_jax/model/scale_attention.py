@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layer_config import LayerConfig
 from hourglass_jax.model.layers import dense, relative_position_terms
 from hourglass_jax.model.positions import apply_rope
 from hourglass_jax.ops.attention import dot_product_attention
@@ -27,7 +27,7 @@ class ScaleAttention(nn.Module):
   Group g reads kv[g] at positions positions_k[g] under the static mask masks[g] [T, S_g]; query rows that a mask
   leaves empty get zero output from that group. Parameters: exactly those of MultiHeadAttention.
   """
-  cfg: ModelConfig
+  cfg: LayerConfig
   heads: tuple[int, ...]
 
   @nn.compact

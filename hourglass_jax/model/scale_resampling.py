@@ -6,34 +6,36 @@ position q may use it iff js <= q. Up-sampling by k hands the finer token i only
 ends at or before the finer token's position.
 """
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layer_config import LayerConfig
 from hourglass_jax.model.resampling import Pool, Unpool, shift_right
 
-
-def down_method(cfg: ModelConfig) -> str:
-  """The Pool method of cfg.downsampler: 'avg', or 'linear' for 'conv'."""
-  return "avg" if cfg.downsampler == "avg" else "linear"
+DOWNSAMPLERS = ("avg", "conv")
+UPSAMPLERS = ("transposed_conv", "repeat")
 
 
-def up_method(cfg: ModelConfig) -> str:
-  """The Unpool method of cfg.upsampler: 'repeat', or 'linear' for 'transposed_conv'."""
-  return "repeat" if cfg.upsampler == "repeat" else "linear"
+def down_method(downsampler: str) -> str:
+  """The Pool method of a downsampler: 'avg', or 'linear' for 'conv'."""
+  return "avg" if downsampler == "avg" else "linear"
 
 
-def downsample(cfg: ModelConfig, x_BxLxD, k: int, deterministic: bool, name: str):
+def up_method(upsampler: str) -> str:
+  """The Unpool method of an upsampler: 'repeat', or 'linear' for 'transposed_conv'."""
+  return "repeat" if upsampler == "repeat" else "linear"
+
+
+def downsample(cfg: LayerConfig, downsampler: str, x_BxLxD, k: int, deterministic: bool, name: str):
   """Shift right by k-1, then 'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k)."""
-  return Pool(cfg, k, down_method(cfg), name=name)(shift_right(x_BxLxD, k - 1), deterministic)
+  return Pool(cfg, k, down_method(downsampler), name=name)(shift_right(x_BxLxD, k - 1), deterministic)
 
 
-def upsample(cfg: ModelConfig, z_BxLkxD, k: int, deterministic: bool, name: str):
+def upsample(cfg: LayerConfig, upsampler: str, z_BxLkxD, k: int, deterministic: bool, name: str):
   """'repeat' or 'transposed_conv' (kernel = stride = k: finer token i reads only coarse token i // k)."""
-  return Unpool(cfg, k, up_method(cfg), name=name)(z_BxLkxD, deterministic)
+  return Unpool(cfg, k, up_method(upsampler), name=name)(z_BxLkxD, deterministic)
 
 
-def pyramid(cfg: ModelConfig, x_BxLxD, factors: tuple[int, ...], deterministic: bool) -> list:
+def pyramid(cfg: LayerConfig, downsampler: str, x_BxLxD, factors: tuple[int, ...], deterministic: bool) -> list:
   """Scale-1 stream -> one stream per scale in `factors` (coarse to fine), each pooled from the next finer one."""
   streams = [x_BxLxD]
   for coarse, fine in zip(factors[-2::-1], factors[::-1]):
-    streams.append(downsample(cfg, streams[-1], coarse // fine, deterministic, f"downsample_{coarse}"))
+    streams.append(downsample(cfg, downsampler, streams[-1], coarse // fine, deterministic, f"downsample_{coarse}"))
   return streams[::-1]
-

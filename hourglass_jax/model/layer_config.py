@@ -1,0 +1,150 @@
+"""The settings every transformer block reads (width, heads, dropout, dtype, attention, positions), validated once.
+
+`LayerOptions` is the base of the reusable modules (`hourglass_jax.nn`): their plain keyword arguments become a
+`LayerConfig` for the blocks inside. `ModelConfig` checks its copies of these fields with the same function.
+"""
+
+import dataclasses
+import numbers
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+POSITIONS = ("rope", "relative")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "reference")
+# What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.
+REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
+
+
+def check_choice(field: str, value: Any, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(f"{field}={value!r} is not supported; choose one of {', '.join(allowed)}.")
+
+
+def check_int(field: str, value: Any, minimum: int = 1) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    raise ValueError(f"{field}={value!r} must be an integer >= {minimum}.")
+
+
+def check_types(settings: Any, prefix: str) -> None:
+  """Strings and numbers of the right kind, so that a list or a quoted number fails here, not deep in a module."""
+  for field in dataclasses.fields(settings):
+    value = getattr(settings, field.name)
+    example = f" such as {field.default!r}" if field.default not in ("", None, dataclasses.MISSING) else ""
+    if field.type is str and not isinstance(value, str):
+      raise ValueError(f"{prefix}{field.name}={value!r} is a {type(value).__name__}; it must be a string{example}.")
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    optional = field.type == (float | None)
+    if field.type in (float, float | None) and not number and not (optional and value is None):
+      raise ValueError(f"{prefix}{field.name}={value!r} is a {type(value).__name__}; it must be a number{example} "
+                       "(unquoted).")
+
+
+def check_layer_settings(s: Any, prefix: str = "") -> None:
+  """Validates the block settings of `s` (a LayerConfig or a ModelConfig); `prefix` names their section."""
+  check_int(f"{prefix}d_model", s.d_model)
+  check_int(f"{prefix}num_heads", s.num_heads)
+  check_int(f"{prefix}d_ff", s.d_ff)
+  if s.d_model % s.num_heads:
+    raise ValueError(f"{prefix}d_model={s.d_model} is not divisible by {prefix}num_heads={s.num_heads}; "
+                     "pick a d_model that is a multiple of num_heads.")
+  check_choice(f"{prefix}position", s.position, POSITIONS)
+  check_choice(f"{prefix}dtype", s.dtype, DTYPES)
+  check_choice(f"{prefix}attention_impl", s.attention_impl, ATTENTION_IMPLS)
+  check_choice(f"{prefix}remat_policy", s.remat_policy, REMAT_POLICIES)
+  check_int(f"{prefix}scan_unroll", s.scan_unroll, 0)
+  if s.position == "rope" and (s.d_model // s.num_heads) % 2:
+    raise ValueError(f"{prefix}position='rope' needs an even head size, got d_model/num_heads="
+                     f"{s.d_model // s.num_heads}.")
+  if not 0.0 <= float(s.dropout) < 1.0:
+    raise ValueError(f"{prefix}dropout={s.dropout!r} must be in [0, 1).")
+  if s.attention_dropout is not None and not 0.0 <= float(s.attention_dropout) < 1.0:
+    raise ValueError(f"{prefix}attention_dropout={s.attention_dropout!r} must be in [0, 1) (or None: the same "
+                     f"as {prefix}dropout).")
+  if not float(s.rope_base) > 1.0:
+    raise ValueError(f"{prefix}rope_base={s.rope_base!r} must be > 1 (10000 is the usual value).")
+  if not 0.0 < float(s.layer_norm_eps) < 1.0:
+    raise ValueError(f"{prefix}layer_norm_eps={s.layer_norm_eps!r} must be in (0, 1) (1e-6 is the default).")
+  attention_dropout = float(s.dropout if s.attention_dropout is None else s.attention_dropout)
+  if s.attention_impl in ("cudnn", "splash") and attention_dropout > 0:
+    raise ValueError(f"{prefix}attention_impl={s.attention_impl!r} is a fused kernel without attention-"
+                     f"probability dropout, but the attention dropout is {attention_dropout}; use "
+                     f"'auto', 'xla' or 'block', or {prefix}attention_dropout=0.")
+  if s.attention_impl in ("cudnn", "splash") and s.position == "relative":
+    raise ValueError(f"{prefix}attention_impl={s.attention_impl!r} cannot add Transformer-XL position biases; "
+                     "use position='rope' or attention_impl='xla'.")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerConfig:
+  """What a block reads: the model width, heads, feed-forward width, dropout, dtype, attention kernel, positions,
+  and how its stack executes (remat policy, scan unroll). Validated when built."""
+  d_model: int
+  num_heads: int = 8
+  d_ff: int = 2048
+  dropout: float = 0.0
+  attention_dropout: float | None = None  # attention-probability dropout; None = dropout (as the paper)
+  dtype: str = "float32"
+  attention_impl: str = "auto"
+  position: str = "rope"
+  rope_base: float = 10_000.0
+  layer_norm_eps: float = 1e-6
+  remat_policy: str = "none"
+  scan_unroll: int = 1
+
+  def __post_init__(self):
+    check_types(self, "")
+    check_layer_settings(self)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def attention_dropout_rate(self) -> float:
+    """Dropout on attention probabilities: `attention_dropout`, or `dropout` when that is None."""
+    return float(self.dropout if self.attention_dropout is None else self.attention_dropout)
+
+  def options(self) -> dict[str, Any]:
+    """These settings as the keyword arguments of a `LayerOptions` module."""
+    return dataclasses.asdict(self)
+
+
+LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerConfig))
+
+
+class LayerOptions(nn.Module):
+  """Keyword-only block settings shared by the reusable modules. `d_model=None` takes the input's width and
+  `d_ff=None` four times it; the rest as `LayerConfig`."""
+  _: dataclasses.KW_ONLY
+  d_model: int | None = None
+  num_heads: int = 8
+  d_ff: int | None = None
+  dropout: float = 0.0
+  attention_dropout: float | None = None
+  dtype: str = "float32"
+  attention_impl: str = "auto"
+  position: str = "rope"
+  rope_base: float = 10_000.0
+  layer_norm_eps: float = 1e-6
+  remat_policy: str = "none"
+  scan_unroll: int = 1
+
+  def layer_config(self, width: int) -> LayerConfig:
+    """The validated settings for an input of `width` channels (which must equal d_model when that is given)."""
+    if self.d_model is not None and self.d_model != width:
+      raise ValueError(f"{type(self).__name__}: the input has {width} channels but d_model={self.d_model}; pass "
+                       f"inputs [B, L, {self.d_model}] or leave d_model=None to take the input's width.")
+    values = {name: getattr(self, name) for name in LAYER_FIELDS}
+    values["d_model"] = width
+    values["d_ff"] = 4 * width if self.d_ff is None else self.d_ff
+    try:
+      return LayerConfig(**values)
+    except ValueError as error:
+      raise ValueError(f"{type(self).__name__}: {error}") from None
