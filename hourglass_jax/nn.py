@@ -1,0 +1,30 @@
+"""Reusable Flax Linen building blocks of hierarchical transformers, each built from plain keyword arguments.
+
+Every module maps [B, L, D] streams for any width D (`d_model=None` takes the input's), is exactly causal, keeps
+logical axis names on its parameters (so a mesh's rules shard it) and works inside NNX code through
+`flax.nnx.bridge.ToNNX`. `build_model` assembles the same modules from a `ModelConfig`.
+
+  shift_right(x, n)      zeros in front: the causal shift that precedes shortening
+  Shorten / Upsample     x [B, L, D] <-> [B, L/k, D]: avg | linear | attention_avg | attention_linear, and
+                         repeat | linear | attention_repeat | attention_linear | none
+  DecoderStack           pre-LN causal transformer blocks (scanned), ending with LayerNorm
+  Hourglass              the whole hierarchy ('2@1 4@3 2@1') as one body
+  TopDown, BottomUp, Retina  the multi-scale bodies
+  LayerOptions           the block settings every module above takes (num_heads, d_ff, dropout, dtype, ...)
+
+Example (an Hourglass body over your own embeddings):
+
+  body = Hourglass(hierarchy="2@1 4@3 2@1", num_heads=4)
+  variables = body.init(jax.random.key(0), x_BxLxD)
+  y_BxLxD = body.apply(variables, x_BxLxD)                     # y[:, t] depends on x[:, :t+1] only
+"""
+
+from hourglass_jax.model.hourglass import Hourglass
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
+from hourglass_jax.model.layers import LAYERS_AXIS, DecoderStack
+from hourglass_jax.model.multiscale import BottomUp, TopDown
+from hourglass_jax.model.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS, Shorten, Upsample, shift_right
+from hourglass_jax.model.retina import Retina
+
+__all__ = ["LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack", "Hourglass",
+           "LayerConfig", "LayerOptions", "Retina", "Shorten", "TopDown", "Upsample", "shift_right"]

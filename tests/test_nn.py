@@ -1,0 +1,184 @@
+"""The public layer API (hourglass_jax.nn): plain keyword arguments, any width, exact causality, logical axes, and
+the LM built from the same modules."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from flax.nnx import bridge
+
+from hourglass_jax import nn as hnn
+from hourglass_jax.model import build_model
+from hourglass_jax.model.layers import dense
+from tests.helpers import small_config
+
+WIDTH = 24  # no config default: every module takes the input's width
+
+
+def stream(length: int, width: int = WIDTH, seed: int = 0):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(1, length, width)), jnp.float32)
+
+
+def perturbed_variables(module, *inputs):
+  """Init shapes with every parameter N(0, 0.3^2), so LayerNorm scales/biases and zero-init biases matter too."""
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *inputs))
+  rng = np.random.default_rng(1)
+  return jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape) * 0.3, s.dtype), shapes)
+
+
+def influence(f, x_BxLxD):
+  """|d f(x)[t] / d x[p]| maximised over channels: [T, L]."""
+  jacobian_TxDxLxD = np.asarray(jax.jit(jax.jacrev(lambda x: f(x)[0]))(x_BxLxD))[:, :, 0]
+  return np.abs(jacobian_TxDxLxD).max(axis=(1, 3))
+
+
+BODIES = {
+    "hourglass": hnn.Hourglass(hierarchy="1@1 1@2 1@4 1@2 1@1", num_heads=4),
+    "hourglass_linear_relative": hnn.Hourglass(hierarchy="1@1 2@3 1@1", shorten="linear", upsample="linear",
+                                               position="relative", num_heads=2),
+    "hourglass_attention_linear": hnn.Hourglass(hierarchy="1@1 1@2 1@1", shorten="attention_linear",
+                                                upsample="attention_linear", num_heads=2, d_ff=40),
+    "decoder_stack": hnn.DecoderStack(num_layers=2, num_heads=4),
+    "topdown": hnn.TopDown(scales="4,2,1", layers_per_scale="1,1,1", downsampler="conv", num_heads=2),
+    "bottomup": hnn.BottomUp(scales="4,2,1", layers_per_scale="1,0,1", heads_per_scale="1,1,1", num_heads=3),
+    "retina": hnn.Retina(num_layers=1, scales="4,2,1", retina_windows="0:2,2:6,6:20", num_heads=3,
+                         position="relative"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_every_body_maps_any_width_and_length_causally(name):
+  """A length that is no multiple of any factor: the body pads inside and still returns [B, L, D], causally."""
+  body = BODIES[name]
+  x_BxLxD = stream(11)
+  variables = perturbed_variables(body, x_BxLxD)
+  assert body.apply(variables, x_BxLxD).shape == x_BxLxD.shape
+  influence_LxL = influence(lambda x: body.apply(variables, x), x_BxLxD)
+  assert np.all(np.triu(influence_LxL, k=1) == 0.0), "an output depends on a later input"
+  assert np.all(np.diag(influence_LxL) > 0.0)
+
+
+@pytest.mark.parametrize("method", hnn.SHORTEN_METHODS)
+def test_shorten_is_causal_for_every_method(method):
+  """z[j] summarises x[jk-k+1 .. jk]: it depends on x[p] only for p <= jk, and on x[jk] itself."""
+  k, length = 3, 12
+  shorten = hnn.Shorten(factor=k, method=method, num_heads=2)
+  x_BxLxD = stream(length)
+  variables = perturbed_variables(shorten, x_BxLxD)
+  influence_QxL = influence(lambda x: shorten.apply(variables, x), x_BxLxD)
+  assert influence_QxL.shape == (length // k, length)
+  last_seen_Q = np.arange(length // k) * k
+  allowed_QxL = np.arange(length)[None, :] <= last_seen_Q[:, None]
+  assert np.all(influence_QxL[~allowed_QxL] == 0.0), "a shortened token sees a later input"
+  assert np.all(influence_QxL[np.arange(length // k), last_seen_Q] > 0.0)
+
+
+@pytest.mark.parametrize("method", hnn.UPSAMPLE_METHODS)
+def test_upsample_is_causal_for_every_method(method):
+  """y[q] reads z[j] only for j <= q // k and the residual r[q] only at q."""
+  k, length = 2, 8
+  upsample = hnn.Upsample(factor=k, method=method, num_heads=2)
+  z_BxQxD, r_BxLxD = stream(length // k, seed=1), stream(length, seed=2)
+  variables = perturbed_variables(upsample, z_BxQxD, r_BxLxD)
+  from_z_LxQ = influence(lambda z: upsample.apply(variables, z, r_BxLxD), z_BxQxD)
+  from_r_LxL = influence(lambda r: upsample.apply(variables, z_BxQxD, r), r_BxLxD)
+  allowed_LxQ = np.arange(length // k)[None, :] <= (np.arange(length) // k)[:, None]
+  assert np.all(from_z_LxQ[~allowed_LxQ] == 0.0), "an upsampled position reads a later shortened token"
+  assert np.all(np.triu(from_r_LxL, k=1) == 0.0) and np.all(np.diag(from_r_LxL) > 0.0)
+  if method != "none":
+    assert np.all(from_z_LxQ[np.arange(length), np.arange(length) // k] > 0.0)
+
+
+def test_shift_right_feeds_zeros_in_front():
+  x_BxLxD = stream(5)
+  np.testing.assert_array_equal(hnn.shift_right(x_BxLxD, 2)[0, :2], 0.0)
+  np.testing.assert_array_equal(hnn.shift_right(x_BxLxD, 2)[0, 2:], x_BxLxD[0, :3])
+
+
+def test_defaults_follow_the_input_width():
+  stack = hnn.DecoderStack(num_layers=1, num_heads=4)
+  params = stack.init(jax.random.key(0), stream(4, width=32))["params"]
+  assert nn.meta.unbox(params)["blocks"]["mlp"]["wi"]["kernel"].shape == (1, 32, 4 * 32)
+
+
+@pytest.mark.parametrize("module, inputs, message", [
+    (hnn.Hourglass(d_model=32, num_heads=4), (stream(6),), "the input has 24 channels but d_model=32"),
+    (hnn.Hourglass(num_heads=5), (stream(6),), "Hourglass: d_model=24 is not divisible by num_heads=5"),
+    (hnn.Hourglass(hierarchy="1@1 2@3"), (stream(6),), "hierarchy='1@1 2@3'"),
+    (hnn.Shorten(factor=4, num_heads=2), (stream(6),), "length 6 is not a multiple of factor=4"),
+    (hnn.Shorten(method="max"), (stream(6),), "Shorten.method='max' is not supported"),
+    (hnn.Upsample(factor=2, num_heads=2), (stream(2), stream(6)), "z has 2 positions and r has 6"),
+    (hnn.DecoderStack(dropout=1.5, num_heads=2), (stream(6),), "DecoderStack: dropout=1.5 must be in"),
+    (hnn.DecoderStack(rope_base=0.5, num_heads=2), (stream(6),), "rope_base=0.5 must be > 1"),
+    (hnn.TopDown(scales="4,3,1", num_heads=2), (stream(6),), "4 is not an integer multiple (> 1) of the next scale 3"),
+    (hnn.Retina(scales="4,2,1", retina_windows="0:2,2:6,6:20", num_heads=3), (stream(5),),
+     "starts beyond this 5-token sequence"),
+])
+def test_bad_arguments_name_the_problem(module, inputs, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    module.init(jax.random.key(0), *inputs)
+
+
+def test_every_parameter_keeps_its_logical_axes():
+  """Each parameter is boxed with one logical name per dimension, scanned ones led by the layers axis."""
+  body = hnn.Hourglass(hierarchy="1@1 1@2 1@1", num_heads=2, position="relative")
+  boxed = jax.eval_shape(body.init, jax.random.key(0), stream(8))["params"]
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  assert leaves and all(isinstance(leaf, nn.LogicallyPartitioned) for leaf in leaves)
+  assert all(len(leaf.names) == leaf.value.ndim for leaf in leaves)
+  scanned = jax.tree.leaves(boxed["pre"]["blocks"], is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  assert all(leaf.names[0] == hnn.LAYERS_AXIS for leaf in scanned)
+  assert boxed["pre"]["final_norm"]["scale"].names == ("embed",)
+
+
+def test_build_model_is_the_public_body_between_an_embedding_and_a_head():
+  """The LM's logits equal Embed -> hnn.Hourglass (same keyword arguments, the LM's body params) -> head."""
+  cfg = small_config(hierarchy="1@1 2@3 1@1", position="relative")
+  tokens_BxL = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9)), jnp.int32)
+  lm = build_model(cfg)
+  params = lm.init(jax.random.key(0), tokens_BxL)["params"]
+  body = hnn.Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample, num_heads=cfg.num_heads,
+                       d_ff=cfg.d_ff, position="relative")
+  x_BxLxD = nn.meta.unbox(params)["embed"]["embedding"][tokens_BxL]
+  y_BxLxD = body.apply({"params": params["body"]}, x_BxLxD)
+  head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")
+  want_BxLxV = head.apply({"params": params["head"]}, y_BxLxD)
+  np.testing.assert_allclose(lm.apply({"params": params}, tokens_BxL), want_BxLxV, rtol=1e-6, atol=1e-6)
+
+
+def test_the_body_and_a_block_run_as_nnx_layers():
+  """flax.nnx.bridge wraps the public modules: an NNX model of a user's own trains an Hourglass body over its
+  embeddings, and a Shorten block runs as an NNX layer."""
+
+  class PatchModel(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+      self.embed = nnx.Linear(4, WIDTH, rngs=rngs)
+      self.body = bridge.ToNNX(hnn.Hourglass(hierarchy="1@1 1@2 1@1", num_heads=2), rngs=rngs)
+      self.out = nnx.Linear(WIDTH, 4, rngs=rngs)
+
+    def __call__(self, patches_BxLx4):
+      return self.out(self.body(self.embed(patches_BxLx4)))
+
+  patches = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 4)), jnp.float32)
+  with nnx.use_eager_sharding(False):
+    model = PatchModel(nnx.Rngs(0))
+    bridge.lazy_init(model.body, jnp.zeros((2, 8, WIDTH)))
+    shorten = bridge.ToNNX(hnn.Shorten(factor=2, method="attention_linear", num_heads=2), rngs=nnx.Rngs(1))
+    bridge.lazy_init(shorten, jnp.zeros((2, 8, WIDTH)))
+  assert shorten(jnp.ones((2, 8, WIDTH))).shape == (2, 4, WIDTH)
+
+  optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer):
+    def loss_fn(model):  # predict the next patch
+      return jnp.mean((model(patches)[:, :-1] - patches[:, 1:]) ** 2)
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  losses = [float(step(model, optimizer)) for _ in range(10)]
+  assert losses[-1] < 0.8 * losses[0]
