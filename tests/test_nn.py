@@ -11,6 +11,7 @@ from flax import nnx
 from flax.nnx import bridge
 
 from hourglass_jax import nn as hnn
+from hourglass_jax.config_base import DEFAULT_RULES
 from hourglass_jax.model import build_model
 from hourglass_jax.model.layers import dense
 from tests.helpers import small_config
@@ -182,3 +183,19 @@ def test_the_body_and_a_block_run_as_nnx_layers():
 
   losses = [float(step(model, optimizer)) for _ in range(10)]
   assert losses[-1] < 0.8 * losses[0]
+
+
+def test_the_body_shards_over_a_mesh_by_its_logical_axes():
+  """The docs/layers.md recipe: logical specs from the boxed params, the rule table, a jitted init and apply."""
+  body = hnn.Hourglass(hierarchy="1@1 1@2 1@1", num_heads=4, d_ff=48)
+  x_BxLxD = jnp.ones((4, 8, WIDTH))
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  abstract = jax.eval_shape(body.init, jax.random.key(0), x_BxLxD)
+  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, DEFAULT_RULES)
+  variables = jax.jit(body.init, out_shardings=shardings)(jax.random.key(0), x_BxLxD)
+  wi = variables["params"]["pre"]["blocks"]["mlp"]["wi"]["kernel"].value
+  assert wi.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")  # [layers, embed, mlp]
+  assert len({shard.device for shard in wi.addressable_shards}) == 8
+  with jax.set_mesh(mesh), nn.logical_axis_rules(DEFAULT_RULES):
+    y_BxLxD = jax.jit(body.apply)(variables, x_BxLxD)
+  np.testing.assert_allclose(y_BxLxD, body.apply(jax.device_get(variables), x_BxLxD), rtol=1e-5, atol=1e-5)
