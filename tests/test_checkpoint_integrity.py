@@ -16,20 +16,14 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import HOURGLASS, quiet, tiny_config
+from tests.train_util import HOURGLASS, quiet, tiny_config, trained_run
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """A run with checkpoints at steps 2 and 4, its config and trainer, and step 4's state on the host."""
   workdir = tmp_path_factory.mktemp("trained")
-  cfg = tiny_config(steps=4, checkpoint=dict(every_steps=2))
-  train_and_evaluate(cfg, workdir, log=quiet)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
-  with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
-    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
-  assert step == 4
-  return workdir, cfg, trainer, jax.device_get(state), data_state
+  return workdir, *trained_run(workdir)
 
 
 def _restore(trainer, cfg, directory, read_only=False):

@@ -13,14 +13,11 @@ import pytest
 import safetensors
 import safetensors.numpy
 
-from hourglass_jax import sharding, weights
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax import weights
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train import integrity
 from hourglass_jax.train.export import export_params, verify_params
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.trainer import Trainer
-from tests.train_util import quiet, run, tiny_config
+from tests.train_util import quiet, run, trained_run
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +25,10 @@ def trained(tmp_path_factory):
   """A run with checkpoints at steps 2 and 4 (the integrity tests' run: same programs, cached compiles), step 4's
   params on the host, and its float32 export."""
   workdir = tmp_path_factory.mktemp("trained")
-  cfg = tiny_config(steps=4, checkpoint=dict(every_steps=2))
-  train_and_evaluate(cfg, workdir, log=quiet)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
-  with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
-    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
-  assert step == 4
+  cfg, _, state, _ = trained_run(workdir)
   exported = workdir.parent / "exported"
   card = export_params(workdir, exported, log=quiet)
-  return workdir, cfg, jax.device_get(state.params), exported, card
+  return workdir, cfg, state.params, exported, card
 
 
 def _logits(model, params):

@@ -1,6 +1,8 @@
 """The public layer API (hourglass_jax.nn): plain keyword arguments, any width, exact causality, logical axes, and
 the LM built from the same modules."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -199,3 +201,13 @@ def test_the_body_shards_over_a_mesh_by_its_logical_axes():
   with jax.set_mesh(mesh), nn.logical_axis_rules(DEFAULT_RULES):
     y_BxLxD = jax.jit(body.apply)(variables, x_BxLxD)
   np.testing.assert_allclose(y_BxLxD, body.apply(jax.device_get(variables), x_BxLxD), rtol=1e-5, atol=1e-5)
+
+
+def test_layer_options_defaults_are_layer_config_defaults():
+  """LayerOptions restates LayerConfig's fields for keyword-only module arguments: the same names and defaults
+  (except the two taken from the input's width)."""
+  config_defaults = {f.name: f.default for f in dataclasses.fields(hnn.LayerConfig)}
+  option_defaults = {name: getattr(hnn.LayerOptions, name) for name in config_defaults}
+  assert option_defaults.pop("d_model") is None and option_defaults.pop("d_ff") is None
+  del config_defaults["d_model"], config_defaults["d_ff"]
+  assert option_defaults == config_defaults

@@ -7,8 +7,13 @@ import socket
 import subprocess
 import sys
 
+import jax
 import ml_collections
 
+from hourglass_jax import sharding
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.trainer import Trainer
 from tests.test_model import CONFIGS, load_config
 
 ONE_LAYER = dict(kind="vanilla", hierarchy="1@1")
@@ -60,3 +65,16 @@ def run(command, timeout: int = 300, devices: int = 8) -> subprocess.CompletedPr
 
 def quiet(_message: str) -> None:
   pass
+
+
+def trained_run(workdir, steps: int = 4, every_steps: int = 2):
+  """Trains the shared config with checkpoints every `every_steps` steps into `workdir` (the integrity and export
+  tests share this run, so their programs hit the same cached compiles); returns the config, its trainer, and
+  the newest checkpoint's state (on the host) and data state."""
+  cfg = tiny_config(steps=steps, checkpoint=dict(every_steps=every_steps))
+  train_and_evaluate(cfg, workdir, log=quiet)
+  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
+    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+  assert step == steps
+  return cfg, trainer, jax.device_get(state), data_state

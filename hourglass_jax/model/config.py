@@ -3,12 +3,10 @@
 import dataclasses
 from typing import Any, Mapping
 
-import jax.numpy as jnp
-
 from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIELDS, POSITIONS, REMAT_POLICIES,
-                                              LayerConfig, check_choice, check_int, check_layer_settings,
-                                              check_types)
+                                              DerivedLayerSettings, LayerConfig, check_choice, check_int,
+                                              check_layer_settings, check_types)
 from hourglass_jax.model.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.model.scales import MultiScale, parse_multiscale
@@ -21,7 +19,7 @@ __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLI
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(DerivedLayerSettings):
   """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
 
   hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
@@ -88,19 +86,6 @@ class ModelConfig:
   @property
   def parsed_hierarchy(self) -> Hierarchy:
     return parse_hierarchy(self.hierarchy)
-
-  @property
-  def attention_dropout_rate(self) -> float:
-    """Dropout on attention probabilities: `attention_dropout`, or `dropout` when that is None."""
-    return float(self.dropout if self.attention_dropout is None else self.attention_dropout)
-
-  @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
-
-  @property
-  def compute_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.dtype)
 
   @property
   def layer_config(self) -> LayerConfig:

@@ -77,8 +77,31 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
                      "use position='rope' or attention_impl='xla'.")
 
 
+class DerivedLayerSettings:
+  """What blocks derive from the settings; shared by LayerConfig and ModelConfig (cached decoding reads the
+  latter)."""
+  d_model: int
+  num_heads: int
+  dtype: str
+  dropout: float
+  attention_dropout: float | None
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def attention_dropout_rate(self) -> float:
+    """Dropout on attention probabilities: `attention_dropout`, or `dropout` when that is None."""
+    return float(self.dropout if self.attention_dropout is None else self.attention_dropout)
+
+
 @dataclasses.dataclass(frozen=True)
-class LayerConfig:
+class LayerConfig(DerivedLayerSettings):
   """What a block reads: the model width, heads, feed-forward width, dropout, dtype, attention kernel, positions,
   and how its stack executes (remat policy, scan unroll). Validated when built."""
   d_model: int
@@ -97,19 +120,6 @@ class LayerConfig:
   def __post_init__(self):
     check_types(self, "")
     check_layer_settings(self)
-
-  @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
-
-  @property
-  def compute_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.dtype)
-
-  @property
-  def attention_dropout_rate(self) -> float:
-    """Dropout on attention probabilities: `attention_dropout`, or `dropout` when that is None."""
-    return float(self.dropout if self.attention_dropout is None else self.attention_dropout)
 
   def options(self) -> dict[str, Any]:
     """These settings as the keyword arguments of a `LayerOptions` module."""
