@@ -1,7 +1,14 @@
 """The shared ConfigDict skeleton every `configs/*.py` starts from (sections model, data, train, mesh, checkpoint)."""
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
+
+from hourglass_jax.model.config import ModelConfig
+
+# ModelConfig fields the train section sets (train.remat / train.remat_policy), so not in the model section.
+TRAIN_SET_MODEL_FIELDS = ("remat_policy",)
 
 # Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
 # logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
@@ -23,17 +30,11 @@ def base_config() -> ml_collections.ConfigDict:
   """Defaults for every section; config files override what their experiment changes."""
   cfg = ml_collections.ConfigDict()
 
-  cfg.model = ml_collections.ConfigDict(dict(
-      kind="hourglass", vocab_size=256, d_model=512, num_heads=8, d_ff=2048, hierarchy="5@1 24@3 5@1",
-      shorten="attention_avg", upsample="attention_repeat", position="rope", dropout=0.0,
-      # attention-probability dropout; unset (None) = model.dropout
-      attention_dropout=config_dict.placeholder(float), dtype="float32",
-      attention_impl="auto",
-      # Multi-scale kinds (topdown, bottomup, retina) only; see hourglass_jax/model/scales.py.
-      scales="64,16,4,1", layers_per_scale="2,4,8,12", heads_per_scale="", downsampler="avg",
-      upsampler="transposed_conv", retina_windows="",
-      # Layers per scan iteration of each stack: 1 compiles one block per stack, 0 unrolls every block.
-      scan_unroll=1))
+  # The model section is ModelConfig's fields and defaults (hourglass_jax/model/config.py documents them), so every
+  # field can be overridden from the command line. remat_policy is left out: train.remat / train.remat_policy
+  # set it. attention_dropout unset (None) = model.dropout.
+  model = {k: v for k, v in dataclasses.asdict(ModelConfig()).items() if k not in TRAIN_SET_MODEL_FIELDS}
+  cfg.model = ml_collections.ConfigDict(dict(model, attention_dropout=config_dict.placeholder(float)))
 
   # name: a TFDS dataset ('stdlib_text' = embedded offline corpus, 'enwik8', 'text_files', 'digits' = offline
   # images, 'cifar10', 'downsampled_imagenet/32x32' | '/64x64'; see hourglass_jax/data/catalog.py) read from

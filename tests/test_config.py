@@ -1,8 +1,14 @@
+import dataclasses
+
 import ml_collections
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
+from hourglass_jax.config_base import TRAIN_SET_MODEL_FIELDS
 from hourglass_jax.model import ModelConfig, build_model
 from tests.helpers import SMALL
+from tests.test_model import CONFIGS
 
 
 @pytest.mark.parametrize("overrides, field, allowed", [
@@ -86,3 +92,24 @@ def test_multiscale_fields_are_checked_only_for_the_kinds_that_use_them():
                            retina_windows="0:8,8:256,256:512"))
   assert cfg.parsed_scales.windows == ((256, 512), (8, 256), (0, 8))  # aligned with the scales, coarse to fine
   assert cfg.parsed_scales.heads == (1, 1, 2)
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(ModelConfig)
+                                   if f.name not in TRAIN_SET_MODEL_FIELDS])
+def test_every_model_field_can_be_overridden_from_the_command_line(field):
+  """The model section is ModelConfig's fields: each one takes a --config.model override (a valid value other than
+  its default) and reaches the validated ModelConfig."""
+  other = {"kind": "vanilla", "hierarchy": "1@1 2@2 1@1", "shorten": "linear", "upsample": "linear", "position": "relative",
+           "dtype": "bfloat16", "attention_impl": "xla", "scales": "16,4,1", "layers_per_scale": "1,1,1",
+           "heads_per_scale": "2,2,4", "downsampler": "conv", "upsampler": "repeat", "retina_windows": "0:4,4:8,8:16",
+           "attention_dropout": "0.2", "dropout": "0.1", "layer_norm_eps": "1e-5", "rope_base": "500.0",
+           "vocab_size": "300", "d_model": "256", "num_heads": "4", "d_ff": "1024", "scan_unroll": "2"}[field]
+  argv = ["prog", f"--config={CONFIGS / 'tiny.py'}", f"--config.model.{field}={other}"]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+  values(argv)
+  model_section = values.config.model
+  if field == "kind":
+    model_section.hierarchy = "3@1"
+  parsed = getattr(ModelConfig.from_dict(model_section), field)
+  assert str(parsed) == other or parsed == type(parsed)(other), (field, parsed)
