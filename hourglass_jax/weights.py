@@ -17,7 +17,7 @@ from flax import traverse_util
 
 from hourglass_jax import __version__, paths
 from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.train.checkpoint_record import FUNCTION_FIELDS
+from hourglass_jax.train.checkpoint_record import function_changes
 
 WEIGHTS_FILE, CARD_FILE = "model.safetensors", "config.json"
 FORMAT, FORMAT_VERSION = "hourglass_jax", 1
@@ -90,18 +90,11 @@ def read_card(path) -> dict:
     card = json.load(f)
   if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
     raise ValueError(f"{card_file} holds no 'model' section; restore the {CARD_FILE} hourglass-export wrote.")
-  if embedded is not None and (differ := _function_changes(embedded["model"], card["model"])):
+  if embedded is not None and (differ := function_changes(embedded["model"], card["model"], "file", CARD_FILE)):
     raise ValueError(f"{card_file} does not match the model {weights} was exported from ({'; '.join(differ)}); "
                      "its weights would compute a different function. Restore the exported "
                      f"{CARD_FILE} (or delete it: the file's own card is then used).")
   return card
-
-
-def _function_changes(saved: dict, edited: dict) -> list[str]:
-  """Settings of the card in the file that `edited` changes although they change the function, not the shapes."""
-  fields = FUNCTION_FIELDS.get(saved.get("kind"), ()) + FUNCTION_FIELDS.get(edited.get("kind"), ())
-  return [f"model.{k}: file {saved[k]!r}, {CARD_FILE} {edited.get(k)!r}" for k in dict.fromkeys(fields)
-          if k in saved and saved[k] != edited.get(k, saved[k])]
 
 
 def abstract_params(model, seq_len: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:

@@ -1,11 +1,10 @@
 """The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively."""
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from hourglass_jax.model.hierarchy import parse_hierarchy
 from hourglass_jax.model.layer_config import LayerOptions
-from hourglass_jax.model.layers import DecoderStack
+from hourglass_jax.model.layers import DecoderStack, pad_to
 from hourglass_jax.model.resampling import Shorten, Upsample
 
 
@@ -31,9 +30,7 @@ class Hourglass(LayerOptions):
       return DecoderStack(num_layers=hierarchy.levels[0][0], factor=factor, **options, name="layers")(
           x_BxLxD, deterministic)
     length = x_BxLxD.shape[1]
-    multiple = hierarchy.total_factor
-    # Padding at the end is causal-safe: no real position can see it.
-    x_BxPxD = jnp.pad(x_BxLxD, ((0, 0), (0, -length % multiple), (0, 0)))
+    x_BxPxD = pad_to(x_BxLxD, hierarchy.total_factor)
     k = hierarchy.relative_factor(0)
     x_BxPxD = DecoderStack(num_layers=hierarchy.levels[0][0], factor=factor, **options, name="pre")(
         x_BxPxD, deterministic)

@@ -43,7 +43,8 @@ def check_types(settings: Any, prefix: str) -> None:
 
 
 def check_layer_settings(s: Any, prefix: str = "") -> None:
-  """Validates the block settings of `s` (a LayerConfig or a ModelConfig); `prefix` names their section."""
+  """Validates the block settings of `s` (a LayerConfig or a ModelConfig: both derive head_dim and
+  attention_dropout_rate from them); `prefix` names their section."""
   check_int(f"{prefix}d_model", s.d_model)
   check_int(f"{prefix}num_heads", s.num_heads)
   check_int(f"{prefix}d_ff", s.d_ff)
@@ -55,9 +56,8 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
   check_choice(f"{prefix}attention_impl", s.attention_impl, ATTENTION_IMPLS)
   check_choice(f"{prefix}remat_policy", s.remat_policy, REMAT_POLICIES)
   check_int(f"{prefix}scan_unroll", s.scan_unroll, 0)
-  if s.position == "rope" and (s.d_model // s.num_heads) % 2:
-    raise ValueError(f"{prefix}position='rope' needs an even head size, got d_model/num_heads="
-                     f"{s.d_model // s.num_heads}.")
+  if s.position == "rope" and s.head_dim % 2:
+    raise ValueError(f"{prefix}position='rope' needs an even head size, got d_model/num_heads={s.head_dim}.")
   if not 0.0 <= float(s.dropout) < 1.0:
     raise ValueError(f"{prefix}dropout={s.dropout!r} must be in [0, 1).")
   if s.attention_dropout is not None and not 0.0 <= float(s.attention_dropout) < 1.0:
@@ -67,10 +67,9 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
     raise ValueError(f"{prefix}rope_base={s.rope_base!r} must be > 1 (10000 is the usual value).")
   if not 0.0 < float(s.layer_norm_eps) < 1.0:
     raise ValueError(f"{prefix}layer_norm_eps={s.layer_norm_eps!r} must be in (0, 1) (1e-6 is the default).")
-  attention_dropout = float(s.dropout if s.attention_dropout is None else s.attention_dropout)
-  if s.attention_impl in ("cudnn", "splash") and attention_dropout > 0:
+  if s.attention_impl in ("cudnn", "splash") and s.attention_dropout_rate > 0:
     raise ValueError(f"{prefix}attention_impl={s.attention_impl!r} is a fused kernel without attention-"
-                     f"probability dropout, but the attention dropout is {attention_dropout}; use "
+                     f"probability dropout, but the attention dropout is {s.attention_dropout_rate}; use "
                      f"'auto', 'xla' or 'block', or {prefix}attention_dropout=0.")
   if s.attention_impl in ("cudnn", "splash") and s.position == "relative":
     raise ValueError(f"{prefix}attention_impl={s.attention_impl!r} cannot add Transformer-XL position biases; "

@@ -50,6 +50,11 @@ def causal_mask(length: int) -> np.ndarray:
   return np.tril(np.ones((length, length), bool))
 
 
+def pad_to(x_BxLxD, multiple: int):
+  """Zeros at the end up to a multiple of `multiple` (causal-safe: no real position can see them)."""
+  return jnp.pad(x_BxLxD, ((0, 0), (0, -x_BxLxD.shape[1] % multiple), (0, 0)))
+
+
 def stream_positions(length: int, factor: int) -> np.ndarray:
   """Original-token positions of a stream at total shortening `factor` (token j summarises up to j*factor)."""
   return np.arange(length) * factor

@@ -9,16 +9,12 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
-from hourglass_jax.model.layers import DecoderStack, FeedForward, causal_mask, dense, layer_norm, stream_positions
+from hourglass_jax.model.layers import (DecoderStack, FeedForward, causal_mask, dense, layer_norm, pad_to,
+                                        stream_positions)
 from hourglass_jax.model.resampling import upsample_mask
 from hourglass_jax.model.scale_attention import ScaleAttention
 from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pyramid, upsample
 from hourglass_jax.model.scales import MultiScale, parse_multiscale
-
-
-def pad_to(x_BxLxD, multiple: int):
-  """Zeros at the end up to a multiple of `multiple` (causal-safe: no real position can see them)."""
-  return jnp.pad(x_BxLxD, ((0, 0), (0, -x_BxLxD.shape[1] % multiple), (0, 0)))
 
 
 class TopDown(LayerOptions):

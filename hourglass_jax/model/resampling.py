@@ -78,9 +78,9 @@ class AttentionResidual(nn.Module):
     return x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
 
 
-def _check_resampling(module, method: str, methods: tuple[str, ...], length: int) -> None:
+def _check_resampling(module, methods: tuple[str, ...], length: int) -> None:
   name = type(module).__name__
-  check_choice(f"{name}.method", method, methods)
+  check_choice(f"{name}.method", module.method, methods)
   check_int(f"{name}.factor", module.factor, 1)
   check_int(f"{name}.outer_factor", module.outer_factor, 1)
   if length % module.factor:
@@ -100,7 +100,7 @@ class Shorten(LayerOptions):
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True):
     length = x_BxLxD.shape[1]
-    _check_resampling(self, self.method, SHORTEN_METHODS, length)
+    _check_resampling(self, SHORTEN_METHODS, length)
     cfg, k = self.layer_config(x_BxLxD.shape[-1]), self.factor
     h0_BxLxD = shift_right(x_BxLxD, k - 1)
     pool_method = self.method.removeprefix("attention_")
@@ -125,7 +125,7 @@ class Upsample(LayerOptions):
   @nn.compact
   def __call__(self, z_BxLkxD, r_BxLxD, deterministic: bool = True):
     length = r_BxLxD.shape[1]
-    _check_resampling(self, self.method, UPSAMPLE_METHODS, length)
+    _check_resampling(self, UPSAMPLE_METHODS, length)
     if z_BxLkxD.shape[1] * self.factor != length:
       raise ValueError(f"Upsample: z has {z_BxLkxD.shape[1]} positions and r has {length}; with factor="
                        f"{self.factor} z needs {length // self.factor}.")

@@ -6,8 +6,7 @@ scale-16 heads 256..511 back). Keys and values of a group are the layer's normed
 import flax.linen as nn
 
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import FeedForward, layer_norm, scan_blocks, stream_positions
-from hourglass_jax.model.multiscale import pad_to
+from hourglass_jax.model.layers import FeedForward, layer_norm, pad_to, scan_blocks, stream_positions
 from hourglass_jax.model.scale_attention import ScaleAttention, retina_mask
 from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, pyramid
 from hourglass_jax.model.scales import MultiScale, parse_multiscale

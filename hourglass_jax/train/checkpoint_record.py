@@ -21,10 +21,11 @@ def config_record(cfg) -> dict:
   return json.loads(json.dumps({"model": cfg.model.to_dict(), "seq_len": cfg.data.seq_len}))
 
 
-def function_changes(saved: dict, model: dict) -> list[str]:
-  """'model.F: checkpoint A, config B' for each function-changing field of either kind that differs."""
+def function_changes(saved: dict, model: dict, saved_as: str = "checkpoint", model_as: str = "config") -> list[str]:
+  """'model.F: checkpoint A, config B' for each function-changing field of either kind that differs (`saved_as`
+  and `model_as` name the two sides)."""
   fields = FUNCTION_FIELDS.get(saved.get("kind"), ()) + FUNCTION_FIELDS.get(model.get("kind"), ())
-  return [f"model.{k}: checkpoint {saved[k]!r}, config {model.get(k)!r}" for k in dict.fromkeys(fields)
+  return [f"model.{k}: {saved_as} {saved[k]!r}, {model_as} {model.get(k)!r}" for k in dict.fromkeys(fields)
           if k in saved and saved[k] != model.get(k, saved[k])]
 
 
