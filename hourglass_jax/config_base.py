@@ -1,14 +1,10 @@
 """The shared ConfigDict skeleton every `configs/*.py` starts from (sections model, data, train, mesh, checkpoint)."""
 
-import dataclasses
-
 import ml_collections
 from ml_collections import config_dict
 
-from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.config import config_section_fields
 
-# ModelConfig fields the train section sets (train.remat / train.remat_policy), so not in the model section.
-TRAIN_SET_MODEL_FIELDS = ("remat_policy",)
 
 # Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
 # logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
@@ -31,9 +27,9 @@ def base_config() -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
 
   # The model section is ModelConfig's fields and defaults (hourglass_jax/model/config.py documents them), so every
-  # field can be overridden from the command line. remat_policy is left out: train.remat / train.remat_policy
-  # set it. attention_dropout unset (None) = model.dropout.
-  model = {k: v for k, v in dataclasses.asdict(ModelConfig()).items() if k not in TRAIN_SET_MODEL_FIELDS}
+  # field can be overridden from the command line; fields another section sets (remat_policy: train.remat) are
+  # left out. attention_dropout unset (None) = model.dropout.
+  model = config_section_fields()
   cfg.model = ml_collections.ConfigDict(dict(model, attention_dropout=config_dict.placeholder(float)))
 
   # name: a TFDS dataset ('stdlib_text' = embedded offline corpus, 'enwik8', 'text_files', 'digits' = offline

@@ -1,12 +1,10 @@
-import dataclasses
-
 import ml_collections
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from hourglass_jax.config_base import TRAIN_SET_MODEL_FIELDS
 from hourglass_jax.model import ModelConfig, build_model
+from hourglass_jax.model.config import config_section_fields
 from tests.helpers import SMALL
 from tests.test_model import CONFIGS
 
@@ -94,8 +92,7 @@ def test_multiscale_fields_are_checked_only_for_the_kinds_that_use_them():
   assert cfg.parsed_scales.heads == (1, 1, 2)
 
 
-@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(ModelConfig)
-                                   if f.name not in TRAIN_SET_MODEL_FIELDS])
+@pytest.mark.parametrize("field", list(config_section_fields()))
 def test_every_model_field_can_be_overridden_from_the_command_line(field):
   """The model section is ModelConfig's fields: each one takes a --config.model override (a valid value other than
   its default) and reaches the validated ModelConfig."""

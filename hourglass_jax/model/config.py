@@ -15,7 +15,15 @@ KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
 MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
 SHORTEN = SHORTEN_METHODS
 UPSAMPLE = UPSAMPLE_METHODS
-__all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLICIES", "UPSAMPLERS", "ModelConfig"]
+__all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLICIES", "UPSAMPLERS", "ModelConfig",
+           "function_fields", "config_section_fields"]
+
+
+def _field(default, *, function_of: tuple[str, ...] = (), set_by: str | None = None):
+  """A ModelConfig field. `function_of`: the kinds whose function it changes while every parameter shape stays
+  (a factor in `hierarchy`, 'avg' vs 'repeat', rope_base...): checkpoints record it and a resume, evaluation or
+  sample compares it, since the shape check cannot see it. `set_by`: another config section sets it."""
+  return dataclasses.field(default=default, metadata={"function_of": function_of, "set_by": set_by})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,30 +33,31 @@ class ModelConfig(DerivedLayerSettings):
   hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
   as '12@1'; topdown and bottomup from `layers_per_scale`. See scales.py for the multi-scale notation.
   """
-  kind: str = "hourglass"
+  kind: str = _field("hourglass", function_of=KINDS)
   vocab_size: int = 256
   d_model: int = 512
   num_heads: int = 8
   d_ff: int = 2048
-  hierarchy: str = "5@1 24@3 5@1"
-  shorten: str = "attention_avg"
-  upsample: str = "attention_repeat"
-  position: str = "rope"
+  hierarchy: str = _field("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
+  shorten: str = _field("attention_avg", function_of=("hourglass",))
+  upsample: str = _field("attention_repeat", function_of=("hourglass",))
+  position: str = _field("rope", function_of=KINDS)
   dropout: float = 0.0
   attention_dropout: float | None = None  # attention-probability dropout; None = model.dropout (as the paper)
   dtype: str = "float32"
   attention_impl: str = "auto"
-  layer_norm_eps: float = 1e-6
-  rope_base: float = 10_000.0
-  scales: str = "64,16,4,1"
-  layers_per_scale: str = "2,4,8,12"
-  heads_per_scale: str = ""
-  downsampler: str = "avg"
-  upsampler: str = "transposed_conv"
-  retina_windows: str = ""
+  layer_norm_eps: float = _field(1e-6, function_of=KINDS)
+  rope_base: float = _field(10_000.0, function_of=KINDS)
+  scales: str = _field("64,16,4,1", function_of=MULTISCALE_KINDS)
+  layers_per_scale: str = _field("2,4,8,12", function_of=("topdown", "bottomup"))
+  heads_per_scale: str = _field("", function_of=("bottomup", "retina"))
+  downsampler: str = _field("avg", function_of=MULTISCALE_KINDS)
+  upsampler: str = _field("transposed_conv", function_of=("topdown",))
+  retina_windows: str = _field("", function_of=("retina",))
   # Execution only (same function, same params): activation rematerialisation inside each scanned block, and how
-  # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled).
-  remat_policy: str = "none"
+  # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled). The train
+  # section sets remat_policy (train.remat / train.remat_policy).
+  remat_policy: str = _field("none", set_by="train.remat_policy")
   scan_unroll: int = 1
 
   def __post_init__(self):
@@ -106,3 +115,14 @@ class ModelConfig(DerivedLayerSettings):
       hint = " (this looks like a whole config: pass its `model` section)" if "model" in unknown else ""
       raise ValueError(f"model config has unknown field(s) {unknown}{hint}; known fields are {sorted(known)}.")
     return cls(**values)
+
+
+def function_fields(kind: str) -> tuple[str, ...]:
+  """The fields that change a `kind` model's function without changing a parameter shape (see `_field`)."""
+  return tuple(f.name for f in dataclasses.fields(ModelConfig) if kind in f.metadata.get("function_of", ()))
+
+
+def config_section_fields() -> dict[str, Any]:
+  """The `model` config section: every ModelConfig field and default except those another section sets."""
+  return {f.name: getattr(ModelConfig(), f.name) for f in dataclasses.fields(ModelConfig)
+          if not f.metadata.get("set_by")}

@@ -3,15 +3,7 @@ resume, evaluate or sample it computes the same function."""
 
 import json
 
-# Per kind, the model fields that can change the function while leaving every parameter shape alone (a factor
-# in `hierarchy`, 'avg' vs 'repeat', a retina window...): the shape check cannot see them, so they are compared.
-FUNCTION_FIELDS = {
-    "vanilla": ("kind", "hierarchy", "position"),
-    "hourglass": ("kind", "hierarchy", "position", "shorten", "upsample"),
-    "topdown": ("kind", "position", "scales", "layers_per_scale", "downsampler", "upsampler"),
-    "bottomup": ("kind", "position", "scales", "layers_per_scale", "heads_per_scale", "downsampler"),
-    "retina": ("kind", "hierarchy", "position", "scales", "heads_per_scale", "downsampler", "retina_windows"),
-}
+from hourglass_jax.model.config import KINDS, function_fields
 
 OVERRIDE = "--config.checkpoint.allow_settings_change=True"
 
@@ -22,9 +14,11 @@ def config_record(cfg) -> dict:
 
 
 def function_changes(saved: dict, model: dict, saved_as: str = "checkpoint", model_as: str = "config") -> list[str]:
-  """'model.F: checkpoint A, config B' for each function-changing field of either kind that differs (`saved_as`
-  and `model_as` name the two sides)."""
-  fields = FUNCTION_FIELDS.get(saved.get("kind"), ()) + FUNCTION_FIELDS.get(model.get("kind"), ())
+  """'model.F: checkpoint A, config B' for each field that changes the function of either side's kind without
+  changing a parameter shape (model.config.function_fields; the shape check cannot see them) and differs.
+  `saved_as` and `model_as` name the two sides."""
+  kinds = [kind for kind in (saved.get("kind"), model.get("kind")) if kind in KINDS]
+  fields = [field for kind in kinds for field in function_fields(kind)]
   return [f"model.{k}: {saved_as} {saved[k]!r}, {model_as} {model.get(k)!r}" for k in dict.fromkeys(fields)
           if k in saved and saved[k] != model.get(k, saved[k])]
 
