@@ -1,4 +1,5 @@
-"""`hourglass-sample`: restores a trained checkpoint read-only and samples with the KV cache (model/sampling.py).
+"""`hourglass-sample`: restores a trained checkpoint read-only and samples with the KV cache, through generation.py
+(the path the trainer's end-of-run sample takes too; the cached decode loop itself is model/sampling.py's).
 
 Text configs continue a byte prompt; image configs (data.name an image dataset) complete images from scratch (the
 start token alone) or from the top rows of real images of a split, and write a PNG grid. The sample batch is
@@ -7,15 +8,14 @@ padded to, and sharded over, the data-parallel devices like a training batch.
 
 import dataclasses
 import math
-import time
 
 import jax
 import ml_collections
 import numpy as np
 
-from hourglass_jax import compile_cache, paths, sharding
+from hourglass_jax import compile_cache, generation, paths, sharding
 from hourglass_jax.data import sources
-from hourglass_jax.model import ModelConfig, build_model, sampling
+from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.optimizer import make_optimizer
 from hourglass_jax.train.state import make_init_fn, state_layout
@@ -97,16 +97,6 @@ def _image_prompts(cfg, options: SampleOptions, shape) -> tuple[np.ndarray, np.n
   return np.concatenate([start, rows], axis=1), originals
 
 
-def _text_prompts(cfg, options: SampleOptions) -> np.ndarray:
-  if not options.prompt:
-    raise ValueError("the prompt is empty, but text models have no start (BOS) token: every prediction is "
-                     "conditioned on real bytes. Give at least one byte, e.g. --prompt=$'\\n' or --prompt='The '.")
-  if cfg.model.vocab_size < 256:
-    raise ValueError(f"model.vocab_size={cfg.model.vocab_size} cannot hold byte prompts; sample a byte-level model "
-                     "(vocab_size 256).")
-  return np.tile(np.frombuffer(options.prompt, np.uint8).astype(np.int32), (options.num_samples, 1))
-
-
 def _lengths(cfg, options: SampleOptions, prompt_len: int, image_size: int | None) -> tuple[int, int]:
   """(max_new_tokens, max_len), checked: the prompt and the new tokens must fit in the cache."""
   max_len = options.max_len or cfg.data.seq_len
@@ -137,50 +127,27 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   shape = sources.image_shape(cfg.data)
   image_size = None if shape is None else int(np.prod(shape))
   if shape is None:
-    prompts, originals = _text_prompts(cfg, options), None
+    prompts, originals = generation.byte_prompts(options.prompt, options.num_samples, cfg.model.vocab_size), None
   else:
     prompts, originals = _image_prompts(cfg, options, shape)
   new, _ = _lengths(cfg, options, prompts.shape[1], image_size)
 
   mesh = sharding.make_mesh(cfg.mesh)
-  rules = sharding.logical_rules(cfg.mesh)
-  batch_sharding = sharding.batch_sharding(mesh, rules)
-  rows = -(-options.num_samples // sharding.batch_parallelism(mesh, rules)) * sharding.batch_parallelism(mesh, rules)
-  padded = np.concatenate([prompts, np.repeat(prompts[-1:], rows - len(prompts), axis=0)])
   with jax.set_mesh(mesh):
     params, param_shardings, step = restore_params(cfg, workdir, mesh, log)
-    lo, hi = sharding.process_rows(batch_sharding, rows, padded.shape[1:])
-    prompt_BxP = jax.make_array_from_process_local_data(batch_sharding, padded[lo:hi], padded.shape)
-    end = options.end_byte if shape is None else None
-
-    def generate(params, prompt_BxP, rng):
-      return sampling.generate(params, model_cfg, prompt_BxP, max_new_tokens=new, rng=rng,
-                               temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
-                               end_token=end)
-
-    rng = jax.random.key(options.seed)
-    cache, begin = compile_cache.counts(), time.perf_counter()
-    program = jax.jit(generate, in_shardings=(param_shardings, batch_sharding, None),
-                      out_shardings=sharding.replicated(mesh)).lower(params, prompt_BxP, rng).compile()
-    compiled, cache = time.perf_counter() - begin, compile_cache.counts() - cache
-    begin = time.perf_counter()
-    tokens = sharding.to_host(program(params, prompt_BxP, rng))[:options.num_samples]
-    seconds = time.perf_counter() - begin
+  generated = generation.generate_on_mesh(
+      params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
+      seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+      end_token=options.end_byte if shape is None else None)
+  tokens, seconds, compiled = generated.tokens, generated.seconds, generated.compile_seconds
   log(f"step {step}: {options.num_samples} samples x {new} tokens in {seconds:.2f}s "
       f"({options.num_samples * new / seconds:,.0f} tokens/s with the KV cache; compiled in {compiled:.1f}s, "
-      f"{compile_cache.describe(cache)})")
+      f"{compile_cache.describe(generated.cache)})")
   result = dict(step=step, tokens=tokens, seconds=seconds)
   if shape is None:
-    result["texts"] = [_text(options.prompt, row, options.end_byte) for row in tokens]
+    result["texts"] = generation.texts(options.prompt, tokens, options.end_byte)
     return result
   return dict(result, **_write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log))
-
-
-def _text(prompt: bytes, row: np.ndarray, end_byte: int | None) -> bytes:
-  row = [int(t) for t in row]
-  if end_byte is not None and end_byte in row:
-    row = row[:row.index(end_byte) + 1]
-  return prompt + bytes(t for t in row if t < 256)
 
 
 def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log) -> dict:

@@ -12,9 +12,9 @@ from hourglass_jax.sample import SampleOptions, check_options, sample
 from hourglass_jax.train.checkpoint_record import check_same_function
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.train_util import command_env, quiet, tiny_config, train_command
+from tests.helpers import command_env, quiet, tiny_config, train_command
 
-# The shared one-layer config (tiny_config = train_util.FLAGS), so the command line and in-process calls agree.
+# The shared one-layer config (tiny_config = helpers.FLAGS), so the command line and in-process calls agree.
 TEXT = dict(prompt=b"def ", num_samples=3, max_new_tokens=24, temperature=0.8, top_k=40, seed=3)
 
 

@@ -61,11 +61,20 @@ def sample_logits(rng, logits_BxV, *, temperature: float = 1.0, top_k: int = 0, 
   return jax.random.categorical(rng, filtered_BxV, axis=-1).astype(jnp.int32)
 
 
+def cache_length(cfg: ModelConfig, needed: int) -> int:
+  """The max_len `generate` gives its cache for `needed` positions: `needed`, raised for a retina model whose
+  widest window starts at or beyond it (the heads of such a window would never see a token, which init_cache
+  refuses; the positions past `needed` are never fed)."""
+  if cfg.kind == "retina":
+    needed = max([needed] + [start + 1 for start, _ in cfg.parsed_scales.windows])
+  return needed
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p"))
 def _generate(params, prompt_BxP, rng, end_token, cfg, max_new_tokens, temperature, top_k, top_p):
   """`end_token` < 0: no end token. Traced, so stopping rules share one compiled program."""
   batch, length = prompt_BxP.shape
-  cache, logits_BxV = prefill(params, cfg, prompt_BxP, length + max_new_tokens - 1)
+  cache, logits_BxV = prefill(params, cfg, prompt_BxP, cache_length(cfg, length + max_new_tokens - 1))
   tables = cache["tables"]
   sample = lambda key, logits: sample_logits(key, logits, temperature=temperature, top_k=top_k, top_p=top_p)
   fill = jnp.maximum(end_token, 0)
@@ -97,7 +106,8 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
   """Samples `max_new_tokens` tokens after each prompt row with the cache; returns them, int32 [B, max_new_tokens].
 
   One jit-compiled program: a parallel prefill, then a lax.while_loop of decode steps that stops once every row
-  has produced `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`.
+  has produced `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`. The cache
+  holds `cache_length(cfg, P + max_new_tokens - 1)` positions.
   temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. `rng` is a PRNG key or an int seed;
   the prompt needs >= 1 token (no BOS convention). A prompt id outside [0, vocab) raises ValueError; when the
   prompt is traced (generate under your own jit), that row comes back as -1 everywhere.

@@ -10,15 +10,15 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from hourglass_jax import compile_cache, distributed, paths, sharding
+from hourglass_jax import compile_cache, distributed, generation, paths, sharding
 from hourglass_jax.data import sources
+from hourglass_jax.model import ModelConfig
 from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.report import report_compiled
-from hourglass_jax.train.sample import sample_bytes
 from hourglass_jax.train.trainer import Trainer
 from hourglass_jax.train.workdir_lock import WorkdirLock
 
@@ -160,14 +160,29 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
     log(f"throughput: {summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
         f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
   if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
-    prompt = bytes(trainer.eval_source(cfg.data.eval_split)[0][:min(64, trainer.seq_len // 4)].astype("uint8"))
-    summary["sample"] = sample_bytes(trainer, state.params, prompt, cfg.train.sample_bytes, cfg.train.seed)
-    text = (prompt + summary["sample"]).decode("utf-8", errors="replace")
+    summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, trainer, state.params)
+    text = (summary["sample_prompt"] + summary["sample"]).decode("utf-8", errors="replace")
     writer.text(summary["step"], "sample", text)
-    log(f"sample ({len(prompt)} prompt bytes from the {cfg.data.eval_split} split, then "
+    log(f"sample ({len(summary['sample_prompt'])} prompt bytes from the {cfg.data.eval_split} split, then "
         f"{len(summary['sample'])} sampled bytes):\n{text}")
   checkpoints.wait()
   return summary
+
+
+SAMPLE_TEMPERATURE = 0.8  # the end-of-run sample's
+
+
+def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) -> tuple[bytes, bytes]:
+  """(prompt, continuation): the first bytes of the eval split (up to 64, a quarter of data.seq_len) continued by
+  train.sample_bytes bytes at temperature 0.8 and seed train.seed, with hourglass-sample's generation path (the KV
+  cache; longer than data.seq_len extrapolates). Runs on every process, on the training mesh and shardings."""
+  window = trainer.eval_source(cfg.data.eval_split)[0]
+  prompt = bytes(window[:max(1, min(64, trainer.seq_len // 4))].astype("uint8"))
+  generated = generation.generate_on_mesh(
+      params, trainer.shardings.params, ModelConfig.from_dict(cfg.model),
+      generation.byte_prompts(prompt, 1, cfg.model.vocab_size), trainer.mesh, trainer.rules,
+      max_new_tokens=cfg.train.sample_bytes, seed=cfg.train.seed, temperature=SAMPLE_TEMPERATURE)
+  return prompt, generation.texts(b"", generated.tokens)[0]
 
 
 def _divergence_message(step: int, values: dict, saved: int | None, resumed_from: int | None, checkpoints) -> str:
