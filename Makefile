@@ -1,4 +1,5 @@
 # `make train`: the main job. `make test`: the test suite. Both set up .venv first (Python >= 3.12).
+# `make test-fast`: the suite without the tests marked slow or multiprocess (docs/testing.md).
 # `make bench` / `make bench-quick`: the benchmark suite (see BENCHMARKS.md), full (about 1.5 hours on 2 busy CPU cores)
 # or quick (a few minutes).
 VENV := .venv
@@ -8,7 +9,7 @@ CONFIG ?= configs/default.py
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: train test setup clean bench bench-quick
+.PHONY: train test test-fast setup clean bench bench-quick
 
 $(STAMP): setup.cfg pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh
@@ -21,6 +22,9 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q
+
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q -m "not slow and not multiprocess"
 
 $(BENCH_STAMP): $(STAMP) setup.cfg
 	$(VENV)/bin/python -m pip install --quiet -e ".[test,bench]"

@@ -1,9 +1,32 @@
-"""Small shared model settings: one set of dimensions so eager-mode op compilations are reused across tests."""
+"""The test suite's shared helpers, in one module (test modules import from here, never from each other):
+
+- model tests: SMALL / small_config (one set of dimensions, so eager-mode op compilations are reused across tests),
+  the quick_compiles fixture, and the causality check (LENGTHS, assert_causal);
+- config files: CONFIGS (the repository's configs/ folder) and load_config;
+- training-system tests: one config (batch 8, dropout, constant learning rate after warmup, a one-layer model unless
+  the test is about the Hourglass itself) so runs of any length compile the same programs and share the persistent
+  compilation cache, in-process and in subprocesses (8 CPU devices each): tiny_config / FLAGS, train_command, run,
+  command_env, free_port, trained_run.
+
+Not helpers: tests/gcs_emulator.py (a fake GCS server) and tests/scale_out_probe.py (imported by subprocesses)."""
+
+import importlib.util
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import pytest
 
-from hourglass_jax.model import ModelConfig
+from hourglass_jax.model import ModelConfig, build_model
+from hourglass_jax.model.config import MULTISCALE_KINDS
+from hourglass_jax.testing import causality_violations, random_variables
+
+# --- model tests -------------------------------------------------------------------------------------------------
 
 SMALL = dict(vocab_size=50, d_model=32, num_heads=4, d_ff=64)
 
@@ -22,3 +45,109 @@ def quick_compiles():
   jax.config.update("jax_disable_most_optimizations", True)
   yield
   jax.config.update("jax_disable_most_optimizations", previous)
+
+
+# Causality by perturbation (tests/test_causality.py, tests/test_multiscale.py). 12 is a multiple of every factor
+# product used there, 11 of none; both pad to 12 inside, and the batch is padded to a fixed size, so all those tests
+# share array shapes and reuse JAX's eager op compilations.
+LENGTHS = (12, 11)
+BATCH = 13
+
+
+def describe(cfg: ModelConfig) -> str:
+  if cfg.kind in MULTISCALE_KINDS:
+    return (f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.retina_windows or ''} "
+            f"{cfg.position}")
+  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
+
+
+def assert_causal(cfg: ModelConfig, length: int) -> None:
+  model = build_model(cfg)
+  variables = random_variables(model, jnp.zeros((1, length), jnp.int32))
+  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+                                  batch_size=BATCH)
+  assert not problems, f"{describe(cfg)}: {problems[:3]}"
+
+
+# --- config files ------------------------------------------------------------------------------------------------
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_config(name: str) -> ml_collections.ConfigDict:
+  """configs/<name>.py's get_config()."""
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+# --- training-system tests ---------------------------------------------------------------------------------------
+
+ONE_LAYER = dict(kind="vanilla", hierarchy="1@1")
+# The Hourglass tests' settings: a small Hourglass (shift, shorten, upsample) that compiles quickly, batch 16.
+HOURGLASS = dict(model=dict(kind="hourglass", hierarchy="1@1 1@2 1@1", shorten="avg", upsample="repeat",
+                            dropout=0.0), data=dict(batch_size=16))
+FLAGS = ("--config.model.kind=vanilla", "--config.model.hierarchy=1@1", "--config.model.dropout=0.1",
+         "--config.data.batch_size=8", "--config.data.eval_batches=1", "--config.train.schedule=constant",
+         "--config.train.learning_rate=0.01", "--config.train.eval_every=0", "--config.train.log_every=2",
+         "--config.train.peak_flops_per_device=1e9", "--config.checkpoint.every_steps=0")
+
+
+def tiny_config(steps: int = 6, **sections) -> ml_collections.ConfigDict:
+  """configs/tiny.py as FLAGS set it (one vanilla layer), with per-section overrides."""
+  cfg = load_config("tiny")
+  cfg.model.update(dropout=0.1, **ONE_LAYER)
+  cfg.data.update(batch_size=8, eval_batches=1)
+  cfg.train.update(steps=steps, schedule="constant", learning_rate=1e-2, eval_every=0, log_every=2,
+                   peak_flops_per_device=1e9)
+  cfg.checkpoint.update(every_steps=0)
+  for section, values in sections.items():
+    cfg[section].update(values)
+  return cfg
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on (for a coordinator or a local server)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def command_env(devices: int = 8) -> dict:
+  """Environment for a subprocess with `devices` CPU devices (the compilation cache dir is inherited)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CONFIGS.parent), env.get("PYTHONPATH")]))
+  return env
+
+
+def train_command(workdir, *flags: str, entry: str = "train_entry") -> list[str]:
+  """`hourglass-train` (or `hourglass-eval` with entry='eval_entry') on the shared config."""
+  return [sys.executable, "-c", f"from hourglass_jax.main import {entry}; {entry}()",
+          f"--config={CONFIGS / 'tiny.py'}", f"--workdir={workdir}", *FLAGS, *flags]
+
+
+def run(command, timeout: int = 300, devices: int = 8) -> subprocess.CompletedProcess:
+  return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=command_env(devices))
+
+
+def quiet(_message: str) -> None:
+  pass
+
+
+def trained_run(workdir, steps: int = 4, every_steps: int = 2):
+  """Trains the shared config with checkpoints every `every_steps` steps into `workdir` (the integrity and export
+  tests share this run, so their programs hit the same cached compiles); returns the config, its trainer, and
+  the newest checkpoint's state (on the host) and data state."""
+  from hourglass_jax import sharding
+  from hourglass_jax.train.checkpoint import Checkpoints, config_record
+  from hourglass_jax.train.loop import train_and_evaluate
+  from hourglass_jax.train.trainer import Trainer
+
+  cfg = tiny_config(steps=steps, checkpoint=dict(every_steps=every_steps))
+  train_and_evaluate(cfg, workdir, log=quiet)
+  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
+    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+  assert step == steps
+  return cfg, trainer, jax.device_get(state), data_state

@@ -7,33 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model import build_model
-from hourglass_jax.model.config import MULTISCALE_KINDS, SHORTEN, UPSAMPLE
+from hourglass_jax.model.config import SHORTEN, UPSAMPLE
 from hourglass_jax.model.lm import build_body
-from hourglass_jax.testing import causality_violations, random_variables
-from tests.helpers import SMALL, small_config
+from hourglass_jax.testing import causality_violations
+from tests.helpers import LENGTHS, SMALL, assert_causal, small_config
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
-# 12 is a multiple of every factor product used here, 11 of none; both pad to 12 inside, and the batch is padded
-# to a fixed size, so all tests share array shapes and reuse JAX's eager op compilations.
-LENGTHS = (12, 11)
-BATCH = 13
-
-
-def describe(cfg) -> str:
-  if cfg.kind in MULTISCALE_KINDS:
-    return (f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.retina_windows or ''} "
-            f"{cfg.position}")
-  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
-
-
-def assert_causal(cfg, length):
-  model = build_model(cfg)
-  variables = random_variables(model, jnp.zeros((1, length), jnp.int32))
-  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
-                                  batch_size=BATCH)
-  assert not problems, f"{describe(cfg)}: {problems[:3]}"
 
 
 @pytest.mark.parametrize("position", ["rope", "relative"])
@@ -50,7 +30,9 @@ def test_vanilla_is_causal(length, position):
   assert_causal(small_config(kind="vanilla", hierarchy="2@1", position=position), length)
 
 
-@pytest.mark.parametrize("hierarchy, length", [("1@1 1@5 1@1", 13), ("0@1 1@2 2@6 0@2 1@1", 13), ("2@1 1@3 1@1", 11)])
+@pytest.mark.parametrize("hierarchy, length", [pytest.param("1@1 1@5 1@1", 13, marks=pytest.mark.slow),
+                                               pytest.param("0@1 1@2 2@6 0@2 1@1", 13, marks=pytest.mark.slow),
+                                               ("2@1 1@3 1@1", 11)])
 def test_other_factors_and_asymmetric_counts_are_causal(hierarchy, length):
   assert_causal(small_config(hierarchy=hierarchy, shorten="attention_linear", upsample="attention_linear"), length)
 
@@ -62,8 +44,9 @@ def test_the_perturbation_check_catches_a_leak():
   assert causality_violations(leaky, 9, SMALL["vocab_size"])
 
 
-@pytest.mark.parametrize("shorten, upsample", [("attention_avg", "attention_repeat"), ("linear", "linear")])
-@pytest.mark.parametrize("position", ["rope", "relative"])
+@pytest.mark.parametrize("position, shorten, upsample", [
+    pytest.param("rope", "attention_avg", "attention_repeat", marks=pytest.mark.slow),  # 30 s, the others 13-19
+    ("relative", "attention_avg", "attention_repeat"), ("rope", "linear", "linear"), ("relative", "linear", "linear")])
 def test_body_gradients_are_causal(shorten, upsample, position):
   """d output[t] / d input[p] == 0 for every p > t, and != 0 for p == t."""
   cfg = small_config(hierarchy=MULTI_LEVEL, shorten=shorten, upsample=upsample, position=position)
@@ -79,12 +62,14 @@ def test_body_gradients_are_causal(shorten, upsample, position):
   assert np.all(np.diag(influence_LxL) > 0.0)
 
 
-BLOCK_CASES = [
+BLOCK_CASES = [  # the multi-level hourglass and bottom-up cases take 31-33 s on 2 cores, the others < 20
     dict(hierarchy=SINGLE_LEVEL, shorten="attention_avg", upsample="attention_repeat", position="relative"),
-    dict(hierarchy=MULTI_LEVEL, shorten="attention_linear", upsample="attention_linear"),
+    pytest.param(dict(hierarchy=MULTI_LEVEL, shorten="attention_linear", upsample="attention_linear"),
+                 marks=pytest.mark.slow),
     dict(kind="vanilla", hierarchy="2@1", position="relative"),
     dict(kind="retina", hierarchy="1@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:2,2:5,5:12"),
-    dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2", position="relative"),
+    pytest.param(dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2",
+                      position="relative"), marks=pytest.mark.slow),
 ]
 
 

@@ -16,9 +16,10 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import HOURGLASS, quiet, tiny_config, trained_run
+from tests.helpers import HOURGLASS, quiet, tiny_config, trained_run
 
 
+# One training run (about 30 s on 2 busy cores), paid by whichever test needs it first: those tests are marked slow.
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """A run with checkpoints at steps 2 and 4, its config and trainer, and step 4's state on the host."""
@@ -39,6 +40,7 @@ def _copy(trained, tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_in_any_file_is_noticed_or_harmless(trained, tmp_path):
   """One bit flipped in the middle of each file of the newest checkpoint, in turn: the restore either falls back to
   step 2 saying why, or returns step 4 exactly as saved (the byte did not matter); never altered values."""
@@ -69,6 +71,7 @@ def test_a_flipped_byte_in_any_file_is_noticed_or_harmless(trained, tmp_path):
   assert outcomes["checkpoints/4/data/metadata"] == outcomes["checkpoints/4/_CHECKPOINT_METADATA"] == "fell back"
 
 
+@pytest.mark.slow
 def test_changed_array_values_fail_the_fingerprint_check(trained, tmp_path):
   """Bytes that still decode (here: one optimizer moment rewritten through Orbax itself) are caught by the
   fingerprints recorded at save time, in training and in read-only evaluation alike."""
@@ -97,6 +100,7 @@ def _composite(state, data_state):
 
 @pytest.mark.parametrize("position, problem", [({}, "holds no data-iterator position"),
                                                (None, "fails its integrity check")])
+@pytest.mark.slow
 def test_an_emptied_or_changed_data_position_is_not_a_silent_restart(trained, tmp_path, position, problem):
   workdir, cfg, trainer, _, data4 = trained
   copy = _copy(trained, tmp_path)
@@ -107,6 +111,7 @@ def test_an_emptied_or_changed_data_position_is_not_a_silent_restart(trained, tm
   assert any(problem in m and "falling back to step 2" in m for m in messages), messages
 
 
+@pytest.mark.slow
 def test_checkpoints_without_fingerprints_restore_with_a_notice(trained, tmp_path):
   workdir, cfg, trainer, state4, _ = trained
   copy = _copy(trained, tmp_path)
@@ -145,6 +150,7 @@ def _zero_hourglass_checkpoint(tmp_path):
   return cfg
 
 
+@pytest.mark.slow
 def test_settings_that_change_the_function_but_no_shape_are_refused_by_train_and_eval(tmp_path):
   cfg = _zero_hourglass_checkpoint(tmp_path)
   cfg.model.hierarchy = "1@1 1@3 1@1"  # another shortening factor: the same parameters

@@ -5,8 +5,10 @@ test session's) and one CPU device, which compiles fastest."""
 import re
 import subprocess
 
+import pytest
+
 from hourglass_jax import compile_cache
-from tests.train_util import command_env, train_command
+from tests.helpers import command_env, train_command
 
 _HIT = re.compile(r"compile: ([\d.]+) s \(persistent cache hit, saved ([\d.]+) s\)")
 _MISS = re.compile(r"compile: ([\d.]+) s \(persistent cache miss; cached in (.+)\)")
@@ -22,6 +24,7 @@ def _train(tmp_path, name: str, *flags: str) -> subprocess.CompletedProcess:
   return result
 
 
+@pytest.mark.slow
 def test_second_start_loads_the_train_step_from_the_cache(tmp_path):
   folder = tmp_path / "xdg" / "hourglass_jax" / "xla"
   miss = _MISS.search(_train(tmp_path, "first").stdout)
@@ -32,12 +35,14 @@ def test_second_start_loads_the_train_step_from_the_cache(tmp_path):
   assert float(hit.group(2)) > 0 and float(hit.group(1)) < float(miss.group(1))
 
 
+@pytest.mark.slow
 def test_off_writes_nothing(tmp_path):
   result = _train(tmp_path, "run", "--compilation_cache=off")
   assert "(persistent cache off)" in result.stdout
   assert not (tmp_path / "xdg").exists()
 
 
+@pytest.mark.slow
 def test_unwritable_cache_folder_warns_and_trains(tmp_path):
   (tmp_path / "file").write_text("")  # a folder under a file cannot be made, even by root
   result = _train(tmp_path, "run", f"--compilation_cache={tmp_path / 'file' / 'xla'}")

@@ -5,8 +5,7 @@ from ml_collections import config_flags
 
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import config_section_fields
-from tests.helpers import SMALL
-from tests.test_model import CONFIGS
+from tests.helpers import CONFIGS, SMALL
 
 
 @pytest.mark.parametrize("overrides, field, allowed", [

@@ -13,7 +13,7 @@ from hourglass_jax.train.checkpoint import array_shapes
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.convert import has_per_block_layout, stack_blocks, unstack_blocks
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.train_util import quiet, run, tiny_config
+from tests.helpers import quiet, run, tiny_config
 
 
 def test_stack_and_unstack_blocks_are_inverse_and_leave_other_entries():
@@ -48,6 +48,7 @@ def _rewrite_in_old_layout(directory, step):
   return state
 
 
+@pytest.mark.slow
 def test_old_layout_is_refused_then_converted_and_resumes(tmp_path):
   cfg = tiny_config(steps=2, model=dict(hierarchy="2@1"))
   train_and_evaluate(cfg, tmp_path, log=quiet)

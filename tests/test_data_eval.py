@@ -10,7 +10,7 @@ from hourglass_jax.data import pipeline, sources
 from hourglass_jax.data.eval_windows import ScoredWindows, protocol_context
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import tiny_config
+from tests.helpers import tiny_config
 
 
 def _scored_targets(source) -> np.ndarray:

@@ -13,7 +13,7 @@ from PIL import Image
 
 from hourglass_jax.data import pipeline, sources, tfds_io
 from hourglass_jax.data.images import images_to_tokens, save_png_grid, tokens_to_images
-from tests.train_util import tiny_config
+from tests.helpers import tiny_config
 
 
 def test_images_round_trip_bit_exactly_in_raster_order_with_channels_interleaved():

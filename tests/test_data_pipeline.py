@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data import pipeline, sources, tfds_io
-from tests.train_util import tiny_config
+from tests.helpers import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ import ast
 import importlib.util
 import pathlib
 
+import pytest
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -29,6 +31,7 @@ def test_examples_import_only_the_public_layer_api():
     assert package_imports(path) <= {"hourglass_jax.nn"}, path.name
 
 
+@pytest.mark.slow
 def test_digits_patches_example_trains_an_hourglass_body_over_patches(capsys):
   """A model the package does not ship (next-patch regression on 2x2 digit patches) learns with optax: the
   held-out error ends well below predicting the mean patch."""

@@ -17,9 +17,10 @@ from hourglass_jax import weights
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train import integrity
 from hourglass_jax.train.export import export_params, verify_params
-from tests.train_util import quiet, run, trained_run
+from tests.helpers import quiet, run, trained_run
 
 
+# One training run (about 35 s on 2 busy cores), paid by whichever test needs it first: those tests are marked slow.
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """A run with checkpoints at steps 2 and 4 (the integrity tests' run: same programs, cached compiles), step 4's
@@ -36,6 +37,7 @@ def _logits(model, params):
   return np.asarray(jax.jit(model.apply)({"params": params}, tokens_BxL))
 
 
+@pytest.mark.slow
 def test_export_loads_back_bit_for_bit(trained):
   workdir, cfg, params, exported, card = trained
   assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
@@ -52,6 +54,7 @@ def test_export_loads_back_bit_for_bit(trained):
   np.testing.assert_array_equal(_logits(model, loaded), _logits(model, params))
 
 
+@pytest.mark.slow
 def test_altered_params_are_not_exported(trained):
   params = trained[2]
   fingerprints = integrity.array_fingerprints({"params": params})
@@ -62,6 +65,7 @@ def test_altered_params_are_not_exported(trained):
     verify_params(params, {"fingerprints": fingerprints}, "step 4", log=quiet)
 
 
+@pytest.mark.slow
 def test_bfloat16_export_is_half_the_size_and_close(trained, tmp_path):
   workdir, _, params, exported, _ = trained
   card = export_params(workdir, tmp_path / "bf16", dtype="bfloat16", log=quiet)
@@ -75,6 +79,7 @@ def test_bfloat16_export_is_half_the_size_and_close(trained, tmp_path):
   np.testing.assert_allclose(_logits(model, loaded), _logits(model, params), atol=0.02, rtol=0)
 
 
+@pytest.mark.slow
 def test_an_earlier_step_and_the_command_line(trained, tmp_path):
   workdir, *_ = trained
   result = run([sys.executable, "-c", "from hourglass_jax.main import export_entry; export_entry()",
@@ -105,12 +110,14 @@ def _rewrite(exported, target, change):
     (lambda flat: flat.update({"head/bias": flat["head/bias"][:-1]}),
      r"1 shape mismatch\(es\) \(e\.g\. head/bias: file \(255,\), model \(256,\)\)"),
 ], ids=["missing", "unexpected", "shape"])
+@pytest.mark.slow
 def test_arrays_that_do_not_fit_the_card_are_named(trained, tmp_path, change, message):
   exported = _rewrite(trained[3], tmp_path / "changed", change)
   with pytest.raises(ValueError, match=message + r".*Load it with the config.json it was exported with"):
     weights.load_params(exported)
 
 
+@pytest.mark.slow
 def test_a_card_that_does_not_match_the_weights(trained, tmp_path):
   exported = trained[3]
   folder = shutil.copytree(exported, tmp_path / "copy")

@@ -11,10 +11,12 @@ import urllib.request
 import pytest
 
 from tests.gcs_emulator import client_environment
-from tests.train_util import command_env, free_port, train_command
+from tests.helpers import command_env, free_port, train_command
 
 pytest.importorskip("gcp_storage_emulator", reason="the [test] extra installs the GCS emulator")
 pytest.importorskip("gcsfs", reason="the [test] extra installs gcsfs")
+
+pytestmark = pytest.mark.slow  # one jax process at a time (and the emulator): slow, not multiprocess
 
 BUCKET = "bucket"
 

@@ -92,6 +92,7 @@ print(json.dumps({"prompt": prompt.hex(), "sample": sample.hex()}))
 """
 
 
+@pytest.mark.multiprocess
 def test_two_processes_draw_the_same_end_of_run_sample_as_generate():
   """Each process feeds its own rows of the prompt batch (2 CPU devices each) and gets the whole sample back."""
   port, num_bytes = free_port(), 16

@@ -201,7 +201,7 @@ def test_aot_script_describes_tpu_slices():
 def test_pod_presets_keep_the_paper_token_budget_and_split_evenly(name):
   from hourglass_jax import sharding
   from hourglass_jax.train import checks
-  from tests.test_model import load_config
+  from tests.helpers import load_config
 
   spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
@@ -225,7 +225,7 @@ def test_pod_presets_keep_the_paper_token_budget_and_split_evenly(name):
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (pip install 'libtpu==0.0.50.*')")
 def test_aot_compile_for_a_tpu_pod_slice(monkeypatch):
-  from tests.test_model import load_config
+  from tests.helpers import load_config
 
   module = _aot_module()
   for name, value in module.HOST_ENVIRONMENT.items():

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data.embedded import stdlib_bytes
-from tests.test_model import CONFIGS
-from tests.train_util import run, train_command
+from tests.helpers import CONFIGS, run, train_command
 
 
 def test_embedded_corpus_is_real_text():
@@ -16,6 +15,7 @@ def test_embedded_corpus_is_real_text():
   assert b"def " in corpus.tobytes()
 
 
+@pytest.mark.slow
 def test_train_then_eval_commands(tmp_path):
   train = run(train_command(tmp_path, "--config.train.steps=3"))
   assert train.returncode == 0, train.stderr[-3000:]

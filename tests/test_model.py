@@ -1,27 +1,15 @@
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import counting
 from hourglass_jax.testing import random_variables
-from tests.helpers import SMALL, small_config
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+from tests.helpers import SMALL, load_config, small_config
 
 
-def load_config(name: str) -> ml_collections.ConfigDict:
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
+@pytest.mark.slow
 def test_any_length_gives_logits_for_every_position():
   model = build_model(small_config(hierarchy="1@1 1@2 1@4 1@2 1@1"))
   variables = random_variables(model, jnp.zeros((1, 4), jnp.int32))
@@ -65,6 +53,7 @@ def test_dropout_is_active_only_when_not_deterministic():
   assert not np.allclose(train(1), eval_a)
 
 
+@pytest.mark.slow
 def test_attention_dropout_defaults_to_dropout_and_can_be_set_apart():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 12)), jnp.int32)
   variables = random_variables(build_model(small_config()), tokens)

@@ -15,11 +15,9 @@ from hourglass_jax.model import counting
 from hourglass_jax.model.lm import build_body
 from hourglass_jax.model.scale_attention import retina_mask
 from hourglass_jax.testing import random_variables
-from tests.helpers import SMALL
-from tests.test_causality import LENGTHS, assert_causal
-from tests.test_model import CONFIGS
+from tests.helpers import CONFIGS, LENGTHS, SMALL, assert_causal
 
-# Scales 4,2,1 keep the shapes of tests/test_causality.py (lengths 12 and 11 both pad to 12). The retina windows
+# Scales 4,2,1 keep the shapes of the causality tests (LENGTHS: 12 and 11 both pad to 12). The retina windows
 # start exactly scale-1 tokens back, the tightest causal choice, so an off-by-one in a shift or mask shows up.
 TOPDOWN = dict(kind="topdown", scales="4,2,1", layers_per_scale="1,1,1")
 BOTTOMUP = dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2")

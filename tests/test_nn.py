@@ -51,8 +51,11 @@ BODIES = {
                          position="relative"),
 }
 
+SLOW_BODIES = {"hourglass", "hourglass_attention_linear", "bottomup"}  # 23-39 s each on 2 cores, the others < 18
 
-@pytest.mark.parametrize("name", sorted(BODIES))
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_BODIES else name
+                                  for name in sorted(BODIES)])
 def test_every_body_maps_any_width_and_length_causally(name):
   """A length that is no multiple of any factor: the body pads inside and still returns [B, L, D], causally."""
   body = BODIES[name]
@@ -137,6 +140,7 @@ def test_every_parameter_keeps_its_logical_axes():
   assert boxed["pre"]["final_norm"]["scale"].names == ("embed",)
 
 
+@pytest.mark.slow
 def test_build_model_is_the_public_body_between_an_embedding_and_a_head():
   """The LM's logits equal Embed -> hnn.Hourglass (same keyword arguments, the LM's body params) -> head."""
   cfg = small_config(hierarchy="1@1 2@3 1@1", position="relative")
@@ -152,6 +156,7 @@ def test_build_model_is_the_public_body_between_an_embedding_and_a_head():
   np.testing.assert_allclose(lm.apply({"params": params}, tokens_BxL), want_BxLxV, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_body_and_a_block_run_as_nnx_layers():
   """flax.nnx.bridge wraps the public modules: an NNX model of a user's own trains an Hourglass body over its
   embeddings, and a Shorten block runs as an NNX layer."""
@@ -187,6 +192,7 @@ def test_the_body_and_a_block_run_as_nnx_layers():
   assert losses[-1] < 0.8 * losses[0]
 
 
+@pytest.mark.slow
 def test_the_body_shards_over_a_mesh_by_its_logical_axes():
   """The docs/layers.md recipe: logical specs from the boxed params, the rule table, a jitted init and apply."""
   body = hnn.Hourglass(hierarchy="1@1 1@2 1@1", num_heads=4, d_ff=48)

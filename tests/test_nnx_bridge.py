@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import flax.linen as nn
 import optax
+import pytest
 from flax import nnx
 from flax.nnx import bridge
 
@@ -28,6 +29,7 @@ class Classifier(nnx.Module):
     return self.probe(self.backbone(tokens_BxL).mean(axis=1))
 
 
+@pytest.mark.slow
 def test_hourglass_lm_inside_an_nnx_model_trains():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, size=(4, 12)), jnp.int32)
   labels = jnp.array([0, 1, 0, 1])

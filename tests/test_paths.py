@@ -6,7 +6,7 @@ import time
 import pytest
 
 from hourglass_jax import paths
-from tests.train_util import free_port, run, train_command
+from tests.helpers import free_port, run, train_command
 
 
 def test_bucket_urls_keep_their_scheme_and_local_paths_become_absolute():

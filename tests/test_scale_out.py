@@ -21,14 +21,16 @@ import pytest
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.preemption import EXIT_PREEMPTED
 from tests import scale_out_probe
-from tests.train_util import command_env, free_port, quiet, tiny_config, train_command
+from tests.helpers import command_env, free_port, quiet, tiny_config, train_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS, EVERY, PAUSE = 10, 4, 6  # run 1 checkpoints step 4, stops after step 6 and is killed there
 
 
 def _trainer_args(workdir, probe: dict) -> list[str]:
-  """hourglass-train's flags (the shared FLAGS of train_util) after `python`, with the probe installed first."""
+  """hourglass-train's flags (the shared FLAGS of tests/helpers.py) after `python`, with the probe installed first."""
   command = train_command(workdir, f"--config.train.steps={STEPS}", f"--config.checkpoint.every_steps={EVERY}")
   code = (f"from tests.scale_out_probe import install; install({str(workdir / 'probe')!r}, **{probe!r}); "
           "from hourglass_jax.main import train_entry; train_entry()")

@@ -29,7 +29,7 @@ def loss_and_grads(cfg, params):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("kind", ["hourglass", "retina"])
+@pytest.mark.parametrize("kind", [pytest.param("hourglass", marks=pytest.mark.slow), "retina"])  # 45 s, 16 s
 def test_unrolling_and_remat_keep_the_function_and_the_dropout_keys(kind):
   cfg = dataclasses.replace(CASES[kind], dropout=0.2)
   params = build_model(cfg).init(jax.random.key(0), TOKENS)["params"]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data import pipeline, sources
-from tests.train_util import tiny_config
+from tests.helpers import tiny_config
 
 
 def test_windows_cover_the_split_at_the_stride():

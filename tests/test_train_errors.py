@@ -7,7 +7,7 @@ from hourglass_jax import sharding
 from hourglass_jax.train import metrics
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import run, tiny_config, train_command
+from tests.helpers import run, tiny_config, train_command
 
 
 @pytest.mark.parametrize("sections, mesh_cfg, message", [

@@ -19,11 +19,12 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import command_env, quiet, tiny_config, train_command
+from tests.helpers import command_env, quiet, tiny_config, train_command
 
 
 @pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, EXIT_PREEMPTED, "SIGTERM/preemption"),
                                                  (signal.SIGINT, EXIT_INTERRUPTED, "Ctrl-C")])
+@pytest.mark.slow
 def test_sigterm_and_ctrl_c_checkpoint_the_current_step(tmp_path, signum, code, said):
   process = subprocess.Popen(train_command(tmp_path, "--config.train.steps=1000000"), stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env=command_env())
@@ -73,6 +74,7 @@ def _saved_steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
 
 
+@pytest.mark.slow
 def test_kill_9_loses_only_the_steps_since_the_last_save(tmp_path):
   process = subprocess.Popen(train_command(tmp_path, "--config.train.steps=1000000",
                                            "--config.checkpoint.every_steps=2"),

@@ -8,7 +8,7 @@ import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import tiny_config
+from tests.helpers import tiny_config
 
 KINDS = {
     "vanilla": dict(kind="vanilla", hierarchy="2@1"),

@@ -5,7 +5,7 @@ import numpy as np
 
 from hourglass_jax.data.sources import split_tokens
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.train_util import HOURGLASS, quiet, tiny_config
+from tests.helpers import HOURGLASS, quiet, tiny_config
 
 
 def _unigram_bits(data: np.ndarray) -> float:

@@ -8,12 +8,15 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import command_env, free_port, quiet, tiny_config
+from tests.helpers import command_env, free_port, quiet, tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 STEPS = 4
 
@@ -22,7 +25,7 @@ import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.train_util import quiet, tiny_config
+from tests.helpers import quiet, tiny_config
 by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(2)]
 interleaved = [d for pair in zip(*by_process) for d in pair]  # p0, p1, p0, p1: no process holds a block
 summary = train_and_evaluate(tiny_config(steps=int(sys.argv[4])), sys.argv[3], devices=interleaved, log=quiet)

@@ -9,7 +9,7 @@ from hourglass_jax import sharding
 from hourglass_jax.train import metrics
 from hourglass_jax.train.optimizer import decay_mask, make_schedule
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import tiny_config
+from tests.helpers import tiny_config
 
 
 @pytest.mark.parametrize("schedule, at_500, at_1000", [
@@ -30,6 +30,7 @@ def test_weight_decay_skips_norms_and_biases():
                                 "norm": {"scale": False, "bias": False}, "embed": {"embedding": True}}
 
 
+@pytest.mark.slow
 def test_remat_keeps_the_step_and_lowers_memory():
   """Three scanned blocks: the scan stores each block's activations for the backward pass unless remat recomputes
   them (nothing_saveable) or keeps only the matmul outputs (dots_saveable)."""

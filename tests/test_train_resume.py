@@ -4,11 +4,13 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.train_util import quiet, tiny_config
+from tests.helpers import quiet, tiny_config
 
 
+@pytest.mark.slow
 def test_resume_is_exact_and_moves_between_meshes(tmp_path):
   cfg = tiny_config(steps=6, checkpoint=dict(every_steps=3))
   full = train_and_evaluate(cfg, tmp_path, log=quiet)  # 8 devices, data parallel

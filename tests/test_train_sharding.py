@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from hourglass_jax import sharding
 from hourglass_jax.train.trainer import Trainer
-from tests.train_util import HOURGLASS, tiny_config
+from tests.helpers import HOURGLASS, tiny_config
 
 STEPS = 3
 

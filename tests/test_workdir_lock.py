@@ -14,7 +14,7 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.workdir_lock import WorkdirLock
-from tests.train_util import quiet, tiny_config
+from tests.helpers import quiet, tiny_config
 
 
 def _write_lock(workdir, host: str, pid: int, age: float = 0.0, slurm_job: str | None = None) -> dict:
