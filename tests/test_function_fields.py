@@ -47,7 +47,8 @@ def logits_of(cfg, variables):
   return jax.jit(build_model(cfg).apply)(variables, TOKENS)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind in ("hourglass", "bottomup")
+                                  else kind for kind in KINDS])  # those two: 27 s each on 2 cores
 def test_function_fields_are_exactly_the_fields_that_change_the_function_but_no_shape(kind):
   base = config(kind)
   variables = build_model(base).init(jax.random.key(0), TOKENS)
