@@ -121,6 +121,14 @@ def relative_position_terms(cfg: LayerConfig, q_BxTxNxH, u_NxH, v_NxH, project, 
   return q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype), relative_bias(pos_BxNxTxR, index_TxS, cfg.head_dim ** -0.5)
 
 
+def feed_forward_residual(cfg: LayerConfig, x_BxLxD, h_BxLxD, deterministic: bool):
+  """x + drop(h), then + drop(FFN(LN .)): the tail every block shares after its attention output h, whatever the
+  attention (self, scale groups, resampling). Its params ('mlp_norm', 'mlp') belong to the calling block."""
+  x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+  h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
+  return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+
+
 class DecoderBlock(nn.Module):
   """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x))."""
   cfg: LayerConfig
@@ -135,14 +143,22 @@ class DecoderBlock(nn.Module):
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
     h_BxLxD = MultiHeadAttention(cfg, name="attention")(h_BxLxD, h_BxLxD, positions, positions,
                                                          causal_mask(length), deterministic)
-    x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
-    h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
-    return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+    return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
 LAYERS_AXIS = "layers"  # logical name of the leading axis of scanned (stacked) block parameters
 _REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
                    "dots_saveable": jax.checkpoint_policies.dots_saveable}
+
+
+def rematerialised(cfg: LayerConfig, block_cls, static_argnums: tuple[int, ...], in_scan: bool = False):
+  """`block_cls` under `nn.remat` with `cfg.remat_policy` (unchanged for 'none'): every block kind goes through
+  here, scanned or not. `static_argnums` counts self as 0 (e.g. `deterministic`). Inside a scan CSE cannot undo
+  the recomputation, so its prevention (which costs fusion) is dropped there."""
+  if cfg.remat_policy == "none":
+    return block_cls
+  return nn.remat(block_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=static_argnums,
+                  prevent_cse=not in_scan)
 
 
 def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, name: str = "blocks",
@@ -152,9 +168,7 @@ def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, determini
   so compile time does not grow with depth."""
   if num_layers == 0:
     return x_BxLxD
-  if cfg.remat_policy != "none":
-    block_cls = nn.remat(block_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=(2,),
-                         prevent_cse=False)
+  block_cls = rematerialised(cfg, block_cls, static_argnums=(2,), in_scan=True)
   scanned = nn.scan(lambda block, x, _: (block(x, deterministic), None),
                     variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True}, length=num_layers,
                     unroll=cfg.scan_unroll or num_layers, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})

@@ -9,8 +9,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
-from hourglass_jax.model.layers import (DecoderStack, FeedForward, causal_mask, dense, layer_norm, pad_to,
-                                        stream_positions)
+from hourglass_jax.model.layers import (DecoderStack, causal_mask, dense, feed_forward_residual, layer_norm, pad_to,
+                                        rematerialised, stream_positions)
 from hourglass_jax.model.resampling import upsample_mask
 from hourglass_jax.model.scale_attention import ScaleAttention
 from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pyramid, upsample
@@ -67,9 +67,7 @@ class AggregationBlock(nn.Module):
     positions_k = [stream_positions(length // s, s) for s in factors]
     h_BxLxD = ScaleAttention(cfg, self.scales.heads, name="attention")(
         h_BxLxD, kvs, stream_positions(length, 1), positions_k, masks, deterministic)
-    x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
-    h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
-    return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+    return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
 class BottomUp(LayerOptions):
@@ -97,6 +95,7 @@ class BottomUp(LayerOptions):
                      f"downsample_{factors[i]}")
       stack = DecoderStack(num_layers=scales.layers[i], factor=factors[i], **options, name=f"scale_{factors[i]}")
       streams.insert(0, stack(z, deterministic))
-    x_BxLxD = AggregationBlock(cfg, scales, name="aggregate")(x_BxLxD, streams, deterministic)
+    aggregate = rematerialised(cfg, AggregationBlock, static_argnums=(3,))
+    x_BxLxD = aggregate(cfg, scales, name="aggregate")(x_BxLxD, tuple(streams), deterministic)
     y_BxLxD = DecoderStack(num_layers=scales.layers[-1], factor=1, **options, name="scale_1")(x_BxLxD, deterministic)
     return y_BxLxD[:, :length]

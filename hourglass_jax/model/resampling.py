@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import FeedForward, MultiHeadAttention, dense, layer_norm, stream_positions
+from hourglass_jax.model.layers import (MultiHeadAttention, dense, feed_forward_residual, layer_norm, rematerialised,
+                                        stream_positions)
 
 SHORTEN_METHODS = ("avg", "linear", "attention_avg", "attention_linear")
 UPSAMPLE_METHODS = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
@@ -65,17 +66,35 @@ class Unpool(nn.Module):
 
 
 class AttentionResidual(nn.Module):
-  """x + drop(Attn(Q=x, K=V=kv)); then x + drop(FFN(LN x)). The tail of attention resampling."""
+  """x + drop(Attn(Q=x, K=V=kv)); then x + drop(FFN(LN x)): the tail of attention resampling. `direction`
+  'shorten': queries are the L/k pooled tokens over the L shifted keys (`shorten_mask`); 'upsample': the L
+  full-resolution queries over the L/k shortened keys (`upsample_mask`). Positions in original-token units."""
   cfg: LayerConfig
+  direction: str
+  k: int
+  outer_factor: int
 
   @nn.compact
-  def __call__(self, x_BxTxD, kv_BxSxD, positions_q, positions_k, mask_TxS, deterministic: bool):
-    cfg = self.cfg
+  def __call__(self, x_BxTxD, kv_BxSxD, deterministic: bool):
+    cfg, k, outer = self.cfg, self.k, self.outer_factor
+    if self.direction == "shorten":
+      length = kv_BxSxD.shape[1]
+      positions_q = stream_positions(length // k, k * outer)
+      positions_k = stream_positions(length, outer) - (k - 1) * outer
+      mask_TxS = shorten_mask(length, k)
+    else:
+      length = x_BxTxD.shape[1]
+      positions_q, positions_k = stream_positions(length, outer), stream_positions(length // k, k * outer)
+      mask_TxS = upsample_mask(length, k)
     h_BxTxD = MultiHeadAttention(cfg, name="attention")(x_BxTxD, kv_BxSxD, positions_q, positions_k, mask_TxS,
                                                         deterministic)
-    x_BxTxD = x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
-    h_BxTxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxTxD), deterministic)
-    return x_BxTxD + nn.Dropout(cfg.dropout)(h_BxTxD, deterministic=deterministic)
+    return feed_forward_residual(cfg, x_BxTxD, h_BxTxD, deterministic)
+
+
+def attention_residual(cfg: LayerConfig, direction: str, k: int, outer_factor: int):
+  """The (rematerialised, per `cfg.remat_policy`) AttentionResidual block of a resampling, named 'resample'."""
+  block_cls = rematerialised(cfg, AttentionResidual, static_argnums=(3,))
+  return block_cls(cfg, direction, k, outer_factor, name="resample")
 
 
 def _check_resampling(module, methods: tuple[str, ...], length: int) -> None:
@@ -108,10 +127,7 @@ class Shorten(LayerOptions):
       return Pool(cfg, k, pool_method, name="pool")(h0_BxLxD, deterministic)
     h_BxLxD = layer_norm(cfg, "input_norm")(h0_BxLxD)
     q_BxLkxD = layer_norm(cfg, "query_norm")(Pool(cfg, k, pool_method, name="pool")(h_BxLxD, deterministic))
-    positions_q = stream_positions(length // k, k * self.outer_factor)
-    positions_k = stream_positions(length, self.outer_factor) - (k - 1) * self.outer_factor
-    return AttentionResidual(cfg, name="resample")(q_BxLkxD, h_BxLxD, positions_q, positions_k,
-                                                   shorten_mask(length, k), deterministic)
+    return attention_residual(cfg, "shorten", k, self.outer_factor)(q_BxLkxD, h_BxLxD, deterministic)
 
 
 class Upsample(LayerOptions):
@@ -139,8 +155,5 @@ class Upsample(LayerOptions):
     s_BxLkxD = layer_norm(cfg, "input_norm")(z_BxLkxD)
     u_BxLxD = layer_norm(cfg, "query_norm")(Unpool(cfg, k, unpool_method, name="unpool")(s_BxLkxD, deterministic))
     u_BxLxD = u_BxLxD + r_BxLxD
-    positions_q = stream_positions(length, self.outer_factor)
-    positions_k = stream_positions(length // k, k * self.outer_factor)
-    y_BxLxD = AttentionResidual(cfg, name="resample")(u_BxLxD, s_BxLkxD, positions_q, positions_k,
-                                                      upsample_mask(length, k), deterministic)
+    y_BxLxD = attention_residual(cfg, "upsample", k, self.outer_factor)(u_BxLxD, s_BxLkxD, deterministic)
     return layer_norm(cfg, "output_norm")(y_BxLxD) + r_BxLxD

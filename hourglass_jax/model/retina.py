@@ -6,7 +6,7 @@ scale-16 heads 256..511 back). Keys and values of a group are the layer's normed
 import flax.linen as nn
 
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import FeedForward, layer_norm, pad_to, scan_blocks, stream_positions
+from hourglass_jax.model.layers import feed_forward_residual, layer_norm, pad_to, scan_blocks, stream_positions
 from hourglass_jax.model.scale_attention import ScaleAttention, retina_mask
 from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, pyramid
 from hourglass_jax.model.scales import MultiScale, parse_multiscale
@@ -39,9 +39,7 @@ class RetinaBlock(nn.Module):
     positions_k = [stream_positions(length // s, s) for s in scales.factors]
     h_BxLxD = ScaleAttention(cfg, scales.heads, name="attention")(
         h_BxLxD, kvs, stream_positions(length, 1), positions_k, masks, deterministic)
-    x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
-    h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
-    return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+    return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
 class Retina(LayerOptions):
