@@ -11,6 +11,7 @@
 Not helpers: tests/gcs_emulator.py (a fake GCS server) and tests/scale_out_probe.py (imported by subprocesses)."""
 
 import importlib.util
+import json
 import os
 import pathlib
 import socket
@@ -129,6 +130,23 @@ def train_command(workdir, *flags: str, entry: str = "train_entry") -> list[str]
 
 def run(command, timeout: int = 300, devices: int = 8) -> subprocess.CompletedProcess:
   return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=command_env(devices))
+
+
+def run_two_processes(code: str, *args: str, timeout: int = 420) -> list:
+  """Runs `python -c code <coordinator> <rank> *args` as two jax processes of 2 CPU devices each; asserts both
+  succeed and returns each one's report, the JSON of its last printed line."""
+  port = free_port()
+  processes = [subprocess.Popen([sys.executable, "-c", code, f"127.0.0.1:{port}", str(rank), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env(devices=2))
+               for rank in range(2)]
+  try:
+    outputs = [p.communicate(timeout=timeout) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+  for p, (_, err) in zip(processes, outputs):
+    assert p.returncode == 0, err[-3000:]
+  return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
 
 def quiet(_message: str) -> None:

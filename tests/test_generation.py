@@ -2,10 +2,6 @@
 (generation.py, hourglass-sample's path: both draw the same bytes), with no full forward pass per token, on one
 process or two, and may run past data.seq_len; `generate` sizes its cache to fit retina windows."""
 
-import json
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -17,7 +13,7 @@ from hourglass_jax.testing import random_variables
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import SAMPLE_TEMPERATURE, end_of_run_sample, train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import command_env, free_port, quiet, tiny_config
+from tests.helpers import quiet, run_two_processes, tiny_config
 
 SAMPLE_BYTES = 60  # data.seq_len is 48 and the prompt 12 bytes: one window held at most 36 sampled bytes
 
@@ -95,18 +91,8 @@ print(json.dumps({"prompt": prompt.hex(), "sample": sample.hex()}))
 @pytest.mark.multiprocess
 def test_two_processes_draw_the_same_end_of_run_sample_as_generate():
   """Each process feeds its own rows of the prompt batch (2 CPU devices each) and gets the whole sample back."""
-  port, num_bytes = free_port(), 16
-  processes = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESSES, f"127.0.0.1:{port}", str(rank),
-                                 str(num_bytes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=command_env(devices=2)) for rank in range(2)]
-  try:
-    outputs = [p.communicate(timeout=420) for p in processes]
-  finally:
-    for p in processes:
-      p.kill()
-  for p, (_, err) in zip(processes, outputs):
-    assert p.returncode == 0, err[-3000:]
-  reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+  num_bytes = 16
+  reports = run_two_processes(_TWO_PROCESSES, str(num_bytes))
   assert reports[0] == reports[1]
 
   cfg = tiny_config()

@@ -2,10 +2,6 @@
 slice along its torus: sharding.make_mesh must group the devices by process so each feeds one block of rows, and
 the run must match one process."""
 
-import json
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -14,7 +10,7 @@ from hourglass_jax import sharding
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import command_env, free_port, quiet, tiny_config
+from tests.helpers import quiet, run_two_processes, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -42,19 +38,8 @@ def _params(cfg, workdir):
 
 
 def test_two_processes_with_interleaved_devices_match_one(tmp_path):
-  port, workdir = free_port(), tmp_path / "two"
-  processes = [subprocess.Popen([sys.executable, "-c", _PROCESS, f"127.0.0.1:{port}", str(rank), str(workdir),
-                                 str(STEPS)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=command_env(devices=2))
-               for rank in range(2)]
-  try:
-    outputs = [p.communicate(timeout=420) for p in processes]
-  finally:
-    for p in processes:
-      p.kill()
-  for p, (_, err) in zip(processes, outputs):
-    assert p.returncode == 0, err[-3000:]
-  reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+  workdir = tmp_path / "two"
+  reports = run_two_processes(_PROCESS, str(workdir), str(STEPS))
   assert reports[0]["order"] == [0, 1, 0, 1]
 
   cfg = tiny_config(steps=STEPS)
