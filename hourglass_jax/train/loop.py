@@ -12,7 +12,6 @@ from tqdm import tqdm
 
 from hourglass_jax import compile_cache, distributed, generation, paths, sharding
 from hourglass_jax.data import sources
-from hourglass_jax.model import ModelConfig
 from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
@@ -179,7 +178,7 @@ def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) 
   window = trainer.eval_source(cfg.data.eval_split)[0]
   prompt = bytes(window[:max(1, min(64, trainer.seq_len // 4))].astype("uint8"))
   generated = generation.generate_on_mesh(
-      params, trainer.shardings.params, ModelConfig.from_dict(cfg.model),
+      params, trainer.shardings.params, trainer.model.cfg,
       generation.byte_prompts(prompt, 1, cfg.model.vocab_size), trainer.mesh, trainer.rules,
       max_new_tokens=cfg.train.sample_bytes, seed=cfg.train.seed, temperature=SAMPLE_TEMPERATURE)
   return prompt, generation.texts(b"", generated.tokens)[0]
