@@ -297,3 +297,32 @@ def test_errors_are_clear():
     decode.init_cache(small_config(position="relative"), BATCH, LENGTH)
   with pytest.raises(ValueError, match="top_p"):
     filter_logits(LOGITS, top_p=0.0)
+
+
+def test_decoding_follows_a_change_to_a_block(monkeypatch):
+  """One model definition: a change to the residual tail every block shares (here its attention branch halved)
+  changes the forward pass, and cached decoding follows it without a second edit."""
+  from hourglass_jax.model import layers, resampling
+  cfg = small_config(hierarchy=SINGLE_LEVEL, shorten="attention_linear", upsample="attention_linear",
+                     position="relative")
+  _, params = model_and_params(cfg)
+  prompt = 5
+
+  def forward_and_decoded():
+    full_BxLxV = jax.jit(lambda p: build_model(cfg).apply({"params": p}, TOKENS))(params)
+    cache, first_BxV = jax.jit(lambda p: decode.prefill(p, cfg, TOKENS[:, :prompt], LENGTH))(params)
+    step = jax.jit(lambda p, c, token_B, t: decode.decode_step(p, cfg, c, token_B, t))
+    out = [first_BxV]
+    for t in range(prompt, LENGTH):
+      cache, logits_BxV = step(params, cache, TOKENS[:, t], t)
+      out.append(logits_BxV)
+    return np.asarray(full_BxLxV)[:, prompt - 1:], np.stack([np.asarray(x) for x in out], axis=1)
+
+  before, _ = forward_and_decoded()
+  tail = layers.feed_forward_residual
+  halved = lambda cfg, x_BxLxD, h_BxLxD, deterministic: tail(cfg, x_BxLxD, 0.5 * h_BxLxD, deterministic)
+  monkeypatch.setattr(layers, "feed_forward_residual", halved)
+  monkeypatch.setattr(resampling, "feed_forward_residual", halved)
+  full, decoded = forward_and_decoded()
+  assert np.abs(full - before).max() > 1e-2  # the change reached the forward pass
+  np.testing.assert_allclose(decoded, full, atol=1e-4, rtol=0)

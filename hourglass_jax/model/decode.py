@@ -1,11 +1,12 @@
 """Incremental (KV-cache) decoding for every model kind: prefill a prompt in one parallel pass, then one token per
 step, with logits equal to `build_model(cfg).apply` position by position.
 
-The body's cache layout and step logic live per kind: decode_hourglass.py (hourglass, vanilla),
-decode_multiscale.py (topdown, bottomup), decode_retina.py; shared cached layers in decode_layers.py. A shortened
-level or coarse scale advances only when its next token becomes computable (under lax.cond), so a level at total
-factor F runs once every F tokens. Relative-position tables (W_r R(d) for every distance) are computed once per
-cache from the params. Sampling and `generate` (a jit-compiled decode loop) live in sampling.py.
+There is no second copy of the model here: `HourglassLM` and its modules take a `cache` and a `position` and
+return the cache (gemma's `Block(x, cache) -> (y, cache)`), so a change to a block changes decoding with it. Each
+body documents its cache (hourglass.py, multiscale.py, retina.py; K/V caches in kv_cache.py). A shortened level or
+coarse scale advances only when its next token becomes computable (under nn.cond), so a level at total factor F
+runs once every F tokens. Relative-position tables (W_r R(d) for every distance) are made once per cache, in the
+'tables' collection. Sampling and `generate` (a jit-compiled decode loop) live in sampling.py.
 """
 
 import flax.linen as nn
@@ -13,15 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.model import decode_hourglass, decode_multiscale, decode_retina
-from hourglass_jax.model.checks import check_tokens, is_checkable, nan_rows_with_bad_ids
+from hourglass_jax.model.checks import check_tokens, is_checkable
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.decode_layers import merge
-from hourglass_jax.model.layers import dense
+from hourglass_jax.model.lm import HourglassLM, new_body_cache
 from hourglass_jax.model.retina import check_windows_fit
-
-BODIES = {"hourglass": decode_hourglass, "vanilla": decode_hourglass, "topdown": decode_multiscale,
-          "bottomup": decode_multiscale, "retina": decode_retina}
 
 
 def unbox_params(variables):
@@ -36,23 +32,25 @@ def padded_length(cfg: ModelConfig, max_len: int) -> int:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
-  """Empty cache for `batch` sequences of up to `max_len` tokens: {'state': the body's arrays, 'tables': ...}.
+  """Empty cache for `batch` sequences of up to `max_len` tokens: {'state': the body's arrays (lm.new_body_cache),
+  'tables': the relative-position distance tables}.
 
-  position='relative' needs `params` (its distance tables are computed once here). Decoding may start from an
-  empty cache at position 0 without a prefill.
+  position='relative' needs `params`: the attention modules make their tables here, on a 1-token call. Decoding
+  may start from an empty cache at position 0 without a prefill.
   """
   if not isinstance(max_len, int) or max_len < 1:
     raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
   if cfg.kind == "retina":
     check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
-  body = BODIES[cfg.kind]
   padded = padded_length(cfg, max_len)
   tables = {}
   if cfg.position == "relative":
     if params is None:
       raise ValueError("init_cache: position='relative' needs `params` to build its relative-position tables.")
-    tables = body.relative_tables(cfg, unbox_params(params)["body"], padded)
-  return {"state": body.init_state(cfg, batch, padded), "tables": tables}
+    _, made = HourglassLM(cfg).apply({"params": unbox_params(params)}, jnp.zeros((1, 1), jnp.int32),
+                                     cache=new_body_cache(cfg, 1, padded), mutable=["tables"])
+    tables = made["tables"]
+  return {"state": new_body_cache(cfg, batch, padded), "tables": tables}
 
 
 def cache_length(cache) -> int:
@@ -61,21 +59,10 @@ def cache_length(cache) -> int:
   return max(leaf.shape[-2] for path, leaf in leaves if getattr(path[-1], "key", None) == "v")
 
 
-def _embed(cfg, params, tokens):
-  embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
-  return nan_rows_with_bad_ids(embed.apply({"params": params["embed"]}, tokens), tokens, cfg.vocab_size)
-
-
-def _head(cfg, params, x):
-  head = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "head")
-  return head.apply({"params": params["head"]}, x).astype(jnp.float32)
-
-
 def _run(params, cfg, cache, tokens_BxT, position):
-  params = unbox_params(params)
-  body = merge(params["body"], cache["tables"])
-  x_BxTxD, state = BODIES[cfg.kind].run(cfg, body, cache["state"], _embed(cfg, params, tokens_BxT), position)
-  return dict(cache, state=state), _head(cfg, params, x_BxTxD[:, -1])
+  logits_BxV, state = HourglassLM(cfg).apply({"params": unbox_params(params), "tables": cache["tables"]},
+                                             tokens_BxT, cache=cache["state"], position=position)
+  return dict(cache, state=state), logits_BxV
 
 
 def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):

@@ -1,11 +1,42 @@
-"""The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively."""
+"""The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively.
+
+The same module decodes with a cache (`cache`, `position`): a level's cache holds the K/V of its stacks ('pre',
+'post', or 'layers' at the center), the last k-1 pre-stack outputs ('buf': with the newest one they are the
+shifted window a shortened token summarises), the attention resampling caches ('short', 'up'), the newest
+shortened output ('z') and the next level's cache ('inner'). Shortened token j becomes computable at stream entry
+jk, so the shortening and the inner level run under `nn.cond(position % k == 0)`: a level at total factor F runs
+once every F tokens.
+"""
 
 import flax.linen as nn
+import jax.numpy as jnp
 
-from hourglass_jax.model.hierarchy import parse_hierarchy
-from hourglass_jax.model.layer_config import LayerOptions
+from hourglass_jax.model import kv_cache
+from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import DecoderStack, pad_to
 from hourglass_jax.model.resampling import Shorten, Upsample
+
+
+def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,
+                        padded: int) -> dict:
+  """Empty cache of an Hourglass body for `batch` sequences of `padded` (a multiple of the total
+  factor) entries of its input stream."""
+  num_pre = hierarchy.levels[0][0]
+  if not hierarchy.depth:
+    return {"layers": kv_cache.new_stack(cfg, batch, num_pre, padded)}
+  cache = {"pre": kv_cache.new_stack(cfg, batch, num_pre, padded),
+           "post": kv_cache.new_stack(cfg, batch, hierarchy.post_layers[0], padded)}
+  if upsample != "none":
+    k = hierarchy.relative_factor(0)
+    cache["buf"] = jnp.zeros((batch, k - 1, cfg.d_model), cfg.compute_dtype)
+    cache["z"] = jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype)
+    cache["inner"] = new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, padded // k)
+    if shorten.startswith("attention_"):
+      cache["short"] = kv_cache.new_kv(cfg, batch, padded)
+    if upsample.startswith("attention_"):
+      cache["up"] = kv_cache.new_kv(cfg, batch, padded // k)
+  return cache
 
 
 class Hourglass(LayerOptions):
@@ -15,6 +46,9 @@ class Hourglass(LayerOptions):
   single '8@1' is a plain decoder stack); `shorten` and `upsample` pick the resampling methods (see `Shorten`,
   `Upsample`); `outer_factor` is the input stream's own shortening. Block settings: `LayerOptions`. Params: 'pre',
   'shorten', 'inner' (the next level, the same layout), 'upsample', 'post'; or 'layers' for a single level.
+
+  Cached decoding: `cache` from `new_hourglass_cache` (entries in units of this stream), `position` None to
+  prefill x's rows as entries 0.. (a prompt), else the traced entry of x's single row; returns (y, cache).
   """
   hierarchy: str = "2@1 4@3 2@1"
   shorten: str = "attention_avg"
@@ -22,24 +56,75 @@ class Hourglass(LayerOptions):
   outer_factor: int = 1
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True):
+  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
     hierarchy = parse_hierarchy(self.hierarchy)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
-    factor = self.outer_factor
+    if cache is not None:
+      return self._decode(hierarchy, options, x_BxLxD, cache, position)
     if not hierarchy.depth:
-      return DecoderStack(num_layers=hierarchy.levels[0][0], factor=factor, **options, name="layers")(
-          x_BxLxD, deterministic)
+      return self._stack(hierarchy.levels[0][0], "layers", options)(x_BxLxD, deterministic)
     length = x_BxLxD.shape[1]
     x_BxPxD = pad_to(x_BxLxD, hierarchy.total_factor)
-    k = hierarchy.relative_factor(0)
-    x_BxPxD = DecoderStack(num_layers=hierarchy.levels[0][0], factor=factor, **options, name="pre")(
-        x_BxPxD, deterministic)
-    z_BxQxD = Shorten(factor=k, method=self.shorten, outer_factor=factor, **options, name="shorten")(
-        x_BxPxD, deterministic)
-    z_BxQxD = Hourglass(hierarchy=str(hierarchy.inner()), shorten=self.shorten, upsample=self.upsample,
-                        outer_factor=factor * k, **options, name="inner")(z_BxQxD, deterministic)
-    y_BxPxD = Upsample(factor=k, method=self.upsample, outer_factor=factor, **options, name="upsample")(
-        z_BxQxD, x_BxPxD, deterministic)
-    y_BxPxD = DecoderStack(num_layers=hierarchy.post_layers[0], factor=factor, **options, name="post")(
-        y_BxPxD, deterministic)
+    x_BxPxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxPxD, deterministic)
+    z_BxQxD = self._shorten(hierarchy, options)(x_BxPxD, deterministic)
+    z_BxQxD = self._inner(hierarchy, options)(z_BxQxD, deterministic)
+    y_BxPxD = self._upsample(hierarchy, options)(z_BxQxD, x_BxPxD, deterministic)
+    y_BxPxD = self._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
     return y_BxPxD[:, :length]
+
+  def _stack(self, num_layers: int, name: str, options):
+    return DecoderStack(num_layers=num_layers, factor=self.outer_factor, **options, name=name)
+
+  def _shorten(self, hierarchy, options):
+    return Shorten(factor=hierarchy.relative_factor(0), method=self.shorten, outer_factor=self.outer_factor,
+                   **options, name="shorten")
+
+  def _inner(self, hierarchy, options):
+    return Hourglass(hierarchy=str(hierarchy.inner()), shorten=self.shorten, upsample=self.upsample,
+                     outer_factor=self.outer_factor * hierarchy.relative_factor(0), **options, name="inner")
+
+  def _upsample(self, hierarchy, options):
+    return Upsample(factor=hierarchy.relative_factor(0), method=self.upsample, outer_factor=self.outer_factor,
+                    **options, name="upsample")
+
+  def _decode(self, hierarchy, options, x_BxTxD, cache, position):
+    """The level's cached forward: pre stack, the shortened path when a token completes, upsample, post stack."""
+    length = x_BxTxD.shape[1]
+    start = 0 if position is None else position
+    index_T = start + jnp.arange(length)
+    cache = dict(cache)
+    if not hierarchy.depth:
+      x_BxTxD, cache["layers"] = self._stack(hierarchy.levels[0][0], "layers", options)(
+          x_BxTxD, True, cache["layers"], index_T)
+      return x_BxTxD, cache
+    x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
+                                                                                  index_T)
+    y_BxTxD = x_BxTxD
+    if self.upsample != "none":
+      k = hierarchy.relative_factor(0)
+      window_BxWxD, cache["buf"] = kv_cache.shift_in(cache["buf"], x_BxTxD)  # shifted stream entries start-k+1 ..
+
+      def advance(module, sub, window_BxWxD, j):
+        """Shortened tokens from j (all the prompt completes when `position` is None) through the inner level."""
+        j0 = 0 if j is None else j
+        z_BxNxD, short = module._shorten(hierarchy, options)(window_BxWxD, True, sub.get("short"), j0)
+        z_BxNxD, inner = module._inner(hierarchy, options)(z_BxNxD, True, sub["inner"], j)
+        sub = dict(sub, inner=inner, z=z_BxNxD[:, -1:])
+        if short is not None:
+          sub["short"] = short
+        return z_BxNxD, sub
+
+      sub = {name: cache[name] for name in ("short", "inner", "z") if name in cache}
+      if position is None:
+        z_BxNxD, sub = advance(self, sub, window_BxWxD[:, :kv_cache.num_coarse(length, k) * k], None)
+      else:
+        sub = nn.cond(position % k == 0, lambda module, sub, w, j: advance(module, sub, w, j)[1],
+                      lambda module, sub, w, j: sub, self, sub, window_BxWxD, position // k)
+        z_BxNxD = sub["z"]
+      cache.update(sub)
+      y_BxTxD, up = self._upsample(hierarchy, options)(z_BxNxD, x_BxTxD, True, cache.get("up"), start)
+      if up is not None:
+        cache["up"] = up
+    y_BxTxD, cache["post"] = self._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
+                                                                                     index_T)
+    return y_BxTxD, cache

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hourglass_jax.model import kv_cache
+from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.positions import apply_rope, relative_distance_index, sinusoid_table
 from hourglass_jax.ops.attention import dot_product_attention
@@ -74,38 +76,55 @@ class FeedForward(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """Attention from queries x_q to keys/values x_kv under a static mask, rotary or Transformer-XL positions."""
+  """Attention from queries x_q to keys/values x_kv under a static mask, rotary or Transformer-XL positions.
+
+  With a `kv_cache.KVCache`, x_kv holds only the new key rows (at `positions_k_S`): they are written into the
+  cache, the queries attend over all of its entries under `mask_TxS` [T, cache size], and (out, cache.kv) is
+  returned. Relative positions then read their distance table from the 'tables' collection (made on first use).
+  """
   cfg: LayerConfig
 
   @nn.compact
-  def __call__(self, x_q_BxTxD, x_kv_BxSxD, positions_q_T, positions_k_S, mask_TxS, deterministic: bool):
+  def __call__(self, x_q_BxTxD, x_kv_BxSxD, positions_q_T, positions_k_S, mask_TxS, deterministic: bool,
+               cache: KVCache | None = None):
     cfg = self.cfg
     heads = (cfg.num_heads, cfg.head_dim)
     q_BxTxNxH = dense(cfg, heads, ("embed", "heads", "kv"), "query")(x_q_BxTxD)
     k_BxSxNxH = dense(cfg, heads, ("embed", "heads", "kv"), "key")(x_kv_BxSxD)
     v_BxSxNxH = dense(cfg, heads, ("embed", "heads", "kv"), "value")(x_kv_BxSxD)
-    bias = None
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
       k_BxSxNxH = apply_rope(k_BxSxNxH, positions_k_S, cfg.rope_base)
-    else:
-      q_BxTxNxH, bias = self._relative_bias(q_BxTxNxH, positions_q_T, positions_k_S, mask_TxS)
+    out = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))
+    if cache is not None:
+      kv = kv_cache.write(cache, k_BxSxNxH, v_BxSxNxH)
+      bias = None
+      if cfg.position == "relative":
+        u_NxH, v_NxH, project = self._relative_params()
+        table = self.variable("tables", "table", kv_cache.relative_table, cfg, project, cache).value
+        bias = kv_cache.relative_bias(cfg, q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype), table, positions_q_T, cache)
+        q_BxTxNxH = q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype)
+      return out(kv_cache.attend(q_BxTxNxH, kv_cache.view(cache, kv), mask_TxS, bias)), kv
+    bias = None
+    if cfg.position == "relative":
+      u_NxH, v_NxH, project = self._relative_params()
+      q_BxTxNxH, bias = relative_position_terms(cfg, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T,
+                                                positions_k_S, mask_TxS)
     use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
     out_BxTxNxH = dot_product_attention(
         q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
         dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
         dropout_rng=self.make_rng("dropout") if use_dropout else None)
-    return dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
+    return out(out_BxTxNxH)
 
-  def _relative_bias(self, q_BxTxNxH, positions_q_T, positions_k_S, mask_TxS):
-    """Transformer-XL: logits = (q+u)k + (q+v)W_r R(i-j); returns (q+u, scaled position term)."""
+  def _relative_params(self):
+    """Transformer-XL: logits = (q+u)k + (q+v)W_r R(i-j); returns (u, v, the 'position' Dense W_r)."""
     cfg = self.cfg
-    u_NxH = self.param("content_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                                   ("heads", "kv")), (cfg.num_heads, cfg.head_dim))
-    v_NxH = self.param("position_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                                    ("heads", "kv")), (cfg.num_heads, cfg.head_dim))
+    zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("heads", "kv"))
+    u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
+    v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
     project = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), "position", use_bias=False)
-    return relative_position_terms(cfg, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S, mask_TxS)
+    return u_NxH, v_NxH, project
 
 
 def relative_position_terms(cfg: LayerConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,
@@ -129,21 +148,38 @@ def feed_forward_residual(cfg: LayerConfig, x_BxLxD, h_BxLxD, deterministic: boo
   return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
 
 
+def stream_cache(kv: dict, index_T, factor: int, layer=None) -> tuple[KVCache, jax.Array]:
+  """(KVCache, causal mask [T, S]) of a stream at total `factor` whose new rows are entries index_T (= start +
+  arange(T)) of `kv`: entry m sits at position m * factor."""
+  entries_S = jnp.arange(kv_cache.size(kv))
+  cache = KVCache(kv, index_T[0], entries_S * factor, factor, kv_cache.size(kv), layer)
+  return cache, entries_S[None, :] <= index_T[:, None]
+
+
 class DecoderBlock(nn.Module):
-  """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x))."""
+  """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x)).
+
+  Cached (`kv` the stack's K/V cache, `index_T` the stream entries of x's rows, `layer` this block's index in a
+  stacked cache): returns (y, kv) with x's keys and values written.
+  """
   cfg: LayerConfig
   factor: int = 1
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
+  def __call__(self, x_BxLxD, deterministic: bool, kv=None, index_T=None, layer=None):
     cfg = self.cfg
     x_BxLxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
     length = x_BxLxD.shape[1]
-    positions = stream_positions(length, self.factor)
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
-    h_BxLxD = MultiHeadAttention(cfg, name="attention")(h_BxLxD, h_BxLxD, positions, positions,
-                                                         causal_mask(length), deterministic)
-    return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
+    attention = MultiHeadAttention(cfg, name="attention")
+    if kv is None:
+      positions = stream_positions(length, self.factor)
+      h_BxLxD = attention(h_BxLxD, h_BxLxD, positions, positions, causal_mask(length), deterministic)
+      return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
+    cache, mask_TxS = stream_cache(kv, index_T, self.factor, layer)
+    positions_T = index_T * self.factor
+    h_BxLxD, kv = attention(h_BxLxD, h_BxLxD, positions_T, positions_T, mask_TxS, deterministic, cache)
+    return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kv
 
 
 LAYERS_AXIS = "layers"  # logical name of the leading axis of scanned (stacked) block parameters
@@ -176,18 +212,39 @@ def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, determini
   return x_BxLxD
 
 
+def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv, index_T, name: str = "blocks",
+                       **block_kwargs):
+  """`scan_blocks` for decoding: block i reads and extends layer i of the stacked cache `kv` (written in place),
+  `block_cls(cfg, **block_kwargs)(x, True, kv, index_T, i) -> (x, kv)`; returns (x, kv)."""
+  if num_layers == 0:
+    return x_BxLxD, kv
+
+  def step(block, carry, layer):
+    x_BxLxD, kv = carry
+    return block(x_BxLxD, True, kv, index_T, layer), None
+
+  scanned = nn.scan(step, variable_axes={"params": 0, "tables": 0}, split_rngs={"params": True}, length=num_layers,
+                    metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+  (x_BxLxD, kv), _ = scanned(block_cls(cfg, **block_kwargs, name=name), (x_BxLxD, kv), jnp.arange(num_layers))
+  return x_BxLxD, kv
+
+
 class DecoderStack(LayerOptions):
   """`num_layers` pre-LN decoder blocks over x [B, L, D] -> [B, L, D], causal, ending with its own LayerNorm.
 
   Scanned: params under 'blocks' with a leading 'layers' axis. `factor` is the stream's total shortening (its
   positions are 0, factor, 2*factor...), so rotary and relative positions measure original-token distances.
-  Block settings are the keyword arguments of `LayerOptions`.
+  Block settings are the keyword arguments of `LayerOptions`. Cached decoding: pass the stacked K/V cache `kv`
+  (`kv_cache.new_stack`) and `index_T`, the stream entries of x's rows; returns (y, kv).
   """
   num_layers: int = 1
   factor: int = 1
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True):
+  def __call__(self, x_BxLxD, deterministic: bool = True, kv=None, index_T=None):
     cfg = self.layer_config(x_BxLxD.shape[-1])
-    x_BxLxD = scan_blocks(cfg, DecoderBlock, self.num_layers, x_BxLxD, deterministic, factor=self.factor)
-    return layer_norm(cfg, "final_norm")(x_BxLxD)
+    if kv is None:
+      x_BxLxD = scan_blocks(cfg, DecoderBlock, self.num_layers, x_BxLxD, deterministic, factor=self.factor)
+      return layer_norm(cfg, "final_norm")(x_BxLxD)
+    x_BxLxD, kv = scan_cached_blocks(cfg, DecoderBlock, self.num_layers, x_BxLxD, kv, index_T, factor=self.factor)
+    return layer_norm(cfg, "final_norm")(x_BxLxD), kv

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hourglass import Hourglass
+from hourglass_jax.model.hourglass import Hourglass, new_hourglass_cache
 from hourglass_jax.model.layers import dense
-from hourglass_jax.model.multiscale import BottomUp, TopDown
-from hourglass_jax.model.retina import Retina, check_windows_fit
+from hourglass_jax.model.multiscale import BottomUp, TopDown, new_multiscale_cache
+from hourglass_jax.model.retina import Retina, check_windows_fit, new_retina_cache
 
 
 def build_body(cfg: ModelConfig, name: str = "body"):
@@ -26,18 +26,37 @@ def build_body(cfg: ModelConfig, name: str = "body"):
                 heads_per_scale=cfg.heads_per_scale, downsampler=cfg.downsampler, **options, name=name)
 
 
+def new_body_cache(cfg: ModelConfig, batch: int, padded: int) -> dict:
+  """The empty decoding cache of `build_body(cfg)` for `batch` sequences of `padded` (a multiple of
+  cfg.pad_multiple) positions."""
+  layer_cfg = cfg.layer_config
+  if cfg.kind in ("hourglass", "vanilla"):
+    return new_hourglass_cache(layer_cfg, cfg.parsed_hierarchy, cfg.shorten, cfg.upsample, batch, padded)
+  if cfg.kind in ("topdown", "bottomup"):
+    return new_multiscale_cache(layer_cfg, cfg.kind, cfg.parsed_scales, batch, padded)
+  return new_retina_cache(layer_cfg, cfg.parsed_hierarchy.levels[0][0], cfg.parsed_scales, batch, padded)
+
+
 class HourglassLM(nn.Module):
   """tokens [B, L] -> logits [B, L, vocab]; logits[:, t] depend only on tokens[:, :t+1] and predict token t+1.
 
   Serves every kind: the body is picked by `cfg.kind` (a single-level hierarchy is the vanilla decoder stack).
   Ids outside [0, vocab) raise ValueError when concrete; under jit their row's logits are all NaN (checks.py).
+  With a `cache` (decode.py) it returns (logits [B, vocab] of the last token, cache) instead.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, deterministic: bool = True):
+  def __call__(self, tokens_BxL, deterministic: bool = True, cache=None, position=None):
     cfg = self.cfg
     tokens_BxL = check_tokens(tokens_BxL, cfg.vocab_size, "tokens")
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
+                     embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
+    head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")
+    if cache is not None:  # decode.py: tokens at entries position.. (0.. when None); logits of the last one
+      x_BxTxD = nan_rows_with_bad_ids(embed(tokens_BxL), tokens_BxL, cfg.vocab_size)
+      x_BxTxD, cache = build_body(cfg)(x_BxTxD, True, cache, position)
+      return head(x_BxTxD[:, -1]).astype(jnp.float32), cache
     length = tokens_BxL.shape[1]
     if cfg.kind == "retina":
       check_windows_fit(cfg.parsed_scales, cfg.retina_windows, length)
@@ -45,10 +64,8 @@ class HourglassLM(nn.Module):
     padded = -(-length // multiple) * multiple
     # Padding at the end is causal-safe: no real position can see it.
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
-                     embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
     x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
     x_BxPxD = build_body(cfg)(x_BxPxD, deterministic)
-    logits_BxPxV = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")(x_BxPxD)
+    logits_BxPxV = head(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

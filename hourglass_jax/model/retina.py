@@ -1,14 +1,25 @@
 """Retina body (Subramanian et al. 2020): one stack whose attention head groups see different scales, each over its
 own window of the past (e.g. '0:8,8:256,256:512': scale-1 heads the last 8 tokens, scale-4 heads 8..255 back,
 scale-16 heads 256..511 back). Keys and values of a group are the layer's normed input pooled causally at its scale.
+
+Cached decoding (`cache` from `new_retina_cache`, `position`): per block (stacked on a leading layer axis, scanned
+like the blocks' params) 'group_<g>' holds the K/V of head group g, 'buf_<s>' the last k-1 rows of the finer stream
+that scale s pools and 'top_<s>' its newest token. Scale s pools a token when one completes, under
+`nn.cond(position % s == 0)`; a step attends over only the slice of each group's cache its window can reach, so
+its cost does not grow with the context beyond the widest window.
 """
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
+from hourglass_jax.model import kv_cache
+from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import feed_forward_residual, layer_norm, pad_to, scan_blocks, stream_positions
-from hourglass_jax.model.scale_attention import ScaleAttention, retina_mask
-from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, pyramid
+from hourglass_jax.model.layers import (LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks,
+                                        stream_positions)
+from hourglass_jax.model.scale_attention import ScaleAttention, retina_mask, retina_visible
+from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, pool, pyramid
 from hourglass_jax.model.scales import MultiScale, parse_multiscale
 
 
@@ -22,31 +33,97 @@ def check_windows_fit(scales: MultiScale, retina_windows: str, length: int) -> N
                        "shrink the windows.")
 
 
+def new_retina_cache(cfg: LayerConfig, num_layers: int, scales: MultiScale, batch: int, padded: int) -> dict:
+  """Empty cache of a Retina body for `batch` sequences of `padded` (a multiple of the coarsest scale) positions."""
+  block = {f"group_{g}": kv_cache.new_kv(cfg, batch, padded // s, n)
+           for g, (s, n) in enumerate(zip(scales.factors, scales.heads))}
+  for i, s in enumerate(scales.factors[:-1]):
+    block[f"buf_{s}"] = jnp.zeros((batch, scales.relative_factor(i + 1) - 1, cfg.d_model), cfg.compute_dtype)
+    block[f"top_{s}"] = jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype)
+  return jax.tree.map(lambda a: jnp.zeros((num_layers, *a.shape), a.dtype), block)
+
+
+def _window(size: int, s: int, start: int, stop: int, q):
+  """(first entry, count) of the scale-s keys a query at position q can see: at most (stop-start+s-1)/s + 1."""
+  count = min(size, -(-(stop - start + s - 1) // s) + 1)
+  return jnp.clip(-(-(q - stop + 1) // s), 0, size - count), count
+
+
 class RetinaBlock(nn.Module):
-  """Pre-LN block: x + drop(RetinaAttn(LN x)); x + drop(FFN(LN x))."""
+  """Pre-LN block: x + drop(RetinaAttn(LN x)); x + drop(FFN(LN x)).
+
+  Cached (`cache` this block's, `position` as in `Retina`): returns (y, cache).
+  """
   cfg: LayerConfig
   scales: MultiScale
   downsampler: str
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
+  def __call__(self, x_BxLxD, deterministic: bool, cache=None, position=None):
     cfg, scales = self.cfg, self.scales
     x_BxLxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
     length = x_BxLxD.shape[1]
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
+    attention = ScaleAttention(cfg, scales.heads, name="attention")
+    if cache is not None:
+      h_BxLxD, cache = self._cached_attention(attention, h_BxLxD, dict(cache), position)
+      return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), cache
     kvs = pyramid(cfg, self.downsampler, h_BxLxD, scales.factors, deterministic)
     masks = [retina_mask(length, s, start, stop) for s, (start, stop) in zip(scales.factors, scales.windows)]
     positions_k = [stream_positions(length // s, s) for s in scales.factors]
-    h_BxLxD = ScaleAttention(cfg, scales.heads, name="attention")(
-        h_BxLxD, kvs, stream_positions(length, 1), positions_k, masks, deterministic)
+    h_BxLxD = attention(h_BxLxD, kvs, stream_positions(length, 1), positions_k, masks, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
+
+  def _feed(self, i: int, fine_BxTxD, t, cache, streams):
+    """Scale i+1 produced `fine`: pools the scale-i tokens that completed (kept in cache['top_<s>'], and in
+    `streams` by a prefill), then feeds scale i-1."""
+    scales = self.scales
+    s, k = scales.factors[i], scales.relative_factor(i + 1)
+    window_BxVxD, cache[f"buf_{s}"] = kv_cache.shift_in(cache[f"buf_{s}"], fine_BxTxD)
+
+    def active(module, cache, window_BxVxD, t):
+      cache = dict(cache)
+      count = 1 if t is not None else kv_cache.num_coarse(fine_BxTxD.shape[1], k)
+      z_BxTxD = pool(module.cfg, module.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{s}")
+      cache[f"top_{s}"] = z_BxTxD[:, -1:]
+      if t is None:
+        streams[i] = z_BxTxD
+      return cache if i == 0 else module._feed(i - 1, z_BxTxD, t, cache, streams)
+
+    if t is None:
+      return active(self, cache, window_BxVxD, None)
+    return nn.cond(t % s == 0, active, lambda module, cache, *_: cache, self, cache, window_BxVxD, t)
+
+  def _cached_attention(self, attention, h_BxTxD, cache, position):
+    scales = self.scales
+    n = len(scales.factors)
+    start = 0 if position is None else position
+    index_T = start + jnp.arange(h_BxTxD.shape[1])
+    streams = {n - 1: h_BxTxD}
+    cache = self._feed(n - 2, h_BxTxD, position, cache, streams)
+    if position is not None:  # each coarse group rewrites its newest token (the cond may not have run)
+      streams.update({i: cache[f"top_{s}"] for i, s in enumerate(scales.factors[:-1])})
+    caches, masks, positions_k = [], [], []
+    for g, (s, (back_start, back_stop)) in enumerate(zip(scales.factors, scales.windows)):
+      kv = cache[f"group_{g}"]
+      size, first_new = kv_cache.size(kv), index_T[0] // s
+      window = None if position is None else _window(size, s, back_start, back_stop, position)
+      first, count = (0, size) if window is None else window
+      last_S = (first + jnp.arange(count)) * s
+      caches.append(KVCache(kv, first_new, last_S, 1, size * s, window=window))
+      masks.append(retina_visible(index_T[:, None], last_S[None, :], s, back_start, back_stop))
+      positions_k.append((first_new + jnp.arange(streams[g].shape[1])) * s)
+    h_BxTxD, kvs = attention(h_BxTxD, [streams[g] for g in range(n)], index_T, positions_k, masks, True, caches)
+    cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
+    return h_BxTxD, cache
 
 
 class Retina(LayerOptions):
   """x [B, L, D] -> y [B, L, D]: `num_layers` retina blocks (scanned, params under 'blocks'), ending with its own
   LayerNorm. `scales` ('16,4,1'), `retina_windows` (one 'a:b' window per scale, nearest first, e.g.
   '0:8,8:32,32:64'), `heads_per_scale` ('' = even split) and `downsampler` ('avg' | 'conv') as in the multi-scale
-  notation. Block settings: `LayerOptions`."""
+  notation. Block settings: `LayerOptions`. Cached decoding: `cache`, and `position` None to prefill x's rows as
+  positions 0.., else the traced position of x's single row; returns (y, cache)."""
   num_layers: int = 2
   scales: str = "16,4,1"
   retina_windows: str = "0:8,8:32,32:64"
@@ -54,13 +131,24 @@ class Retina(LayerOptions):
   downsampler: str = "avg"
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True):
+  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
     check_choice("Retina.downsampler", self.downsampler, DOWNSAMPLERS)
     check_int("Retina.num_layers", self.num_layers, 0)
     cfg = self.layer_config(x_BxLxD.shape[-1])
     scales = parse_multiscale("retina", self.scales, "", self.heads_per_scale, self.retina_windows, cfg.num_heads)
+    if cache is not None:
+      return self._decode(cfg, scales, x_BxLxD, cache, position)
     length = x_BxLxD.shape[1]
     check_windows_fit(scales, self.retina_windows, length)
     y_BxLxD = scan_blocks(cfg, RetinaBlock, self.num_layers, pad_to(x_BxLxD, scales.coarsest), deterministic,
                           scales=scales, downsampler=self.downsampler)
     return layer_norm(cfg, "final_norm")(y_BxLxD)[:, :length]
+
+  def _decode(self, cfg, scales, x_BxTxD, cache, position):
+    """The blocks as one scan over their params and their caches (block i reads and returns cache[i])."""
+    if self.num_layers:
+      step = lambda block, x, block_cache: block(x, True, block_cache, position)
+      scanned = nn.scan(step, variable_axes={"params": 0, "tables": 0}, split_rngs={"params": True},
+                        length=self.num_layers, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+      x_BxTxD, cache = scanned(RetinaBlock(cfg, scales, self.downsampler, name="blocks"), x_BxTxD, cache)
+    return layer_norm(cfg, "final_norm")(x_BxTxD), cache

@@ -7,18 +7,22 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig
 from hourglass_jax.model.layers import dense, relative_position_terms
 from hourglass_jax.model.positions import apply_rope
 from hourglass_jax.ops.attention import dot_product_attention
 
 
+def retina_visible(q_Tx1, last_1xS, scale: int, start: int, stop: int):
+  """Query q sees the scale-s key ending at `last` iff last <= q and one of the tokens last-s+1 .. last is
+  start..stop-1 back (NumPy or traced arrays)."""
+  return (last_1xS <= q_Tx1) & (last_1xS - scale + 1 <= q_Tx1 - start) & (last_1xS >= q_Tx1 - stop + 1)
+
+
 def retina_mask(length: int, scale: int, start: int, stop: int) -> np.ndarray:
-  """[L, L/s]: query q sees scale-s key j iff j*s <= q and one of the tokens j summarises is start..stop-1 back."""
-  q_Lx1 = np.arange(length)[:, None]
-  last_1xS = np.arange(length // scale)[None, :] * scale
-  first_1xS = last_1xS - scale + 1
-  return (last_1xS <= q_Lx1) & (first_1xS <= q_Lx1 - start) & (last_1xS >= q_Lx1 - stop + 1)
+  """[L, L/s]: `retina_visible` for every query and scale-s key of a length-L sequence."""
+  return retina_visible(np.arange(length)[:, None], np.arange(length // scale)[None, :] * scale, scale, start, stop)
 
 
 class ScaleAttention(nn.Module):
@@ -26,12 +30,14 @@ class ScaleAttention(nn.Module):
 
   Group g reads kv[g] at positions positions_k[g] under the static mask masks[g] [T, S_g]; query rows that a mask
   leaves empty get zero output from that group. Parameters: exactly those of MultiHeadAttention.
+  Cached (`caches`: a `kv_cache.KVCache` per group): kvs[g] are group g's new key rows, written into its cache;
+  masks[g] [T, cache entries read] may be traced; returns (out, the groups' K/V caches).
   """
   cfg: LayerConfig
   heads: tuple[int, ...]
 
   @nn.compact
-  def __call__(self, x_q_BxTxD, kvs, positions_q_T, positions_k, masks, deterministic: bool):
+  def __call__(self, x_q_BxTxD, kvs, positions_q_T, positions_k, masks, deterministic: bool, caches=None):
     cfg = self.cfg
     axes = ("embed", "heads", "kv")
     q_BxTxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), axes, "query")(x_q_BxTxD)
@@ -42,21 +48,36 @@ class ScaleAttention(nn.Module):
       u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
       v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
     use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
-    outs, first = [], 0
+    outs, written, first = [], [], 0
     for g, (n, kv_BxSxD, positions_k_S, mask_TxS) in enumerate(zip(self.heads, kvs, positions_k, masks)):
       group = slice(first, first + n)
       first += n
-      empty_T = ~mask_TxS.any(axis=1)
-      if empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
-        mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])
       q_BxTxnxH = q_BxTxNxH[:, :, group]
       k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
       v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)
-      bias = None
       if cfg.position == "rope":
         k_BxSxnxH = apply_rope(k_BxSxnxH, positions_k_S, cfg.rope_base)
       else:
         project = dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
+      if caches is not None:
+        cache = caches[g]
+        kv = kv_cache.write(cache, k_BxSxnxH, v_BxSxnxH)
+        written.append(kv)
+        bias = None
+        if cfg.position == "relative":
+          table = self.variable("tables", f"table_{g}", kv_cache.relative_table, cfg, project, cache).value
+          bias = kv_cache.relative_bias(cfg, q_BxTxnxH + v_NxH[group].astype(q_BxTxnxH.dtype), table,
+                                        positions_q_T, cache)
+          q_BxTxnxH = q_BxTxnxH + u_NxH[group].astype(q_BxTxnxH.dtype)
+        out_BxTxnxH = kv_cache.attend(q_BxTxnxH, kv_cache.view(cache, kv), mask_TxS, bias)
+        seen_T = mask_TxS.any(axis=1)
+        outs.append(jnp.where(seen_T[None, :, None, None], out_BxTxnxH, 0.0).astype(out_BxTxnxH.dtype))
+        continue
+      empty_T = ~mask_TxS.any(axis=1)
+      if empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
+        mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])
+      bias = None
+      if cfg.position == "relative":
         q_BxTxnxH, bias = relative_position_terms(cfg, q_BxTxnxH, u_NxH[group], v_NxH[group], project,
                                                   positions_q_T, positions_k_S, mask_TxS)
       out_BxTxnxH = dot_product_attention(
@@ -67,4 +88,5 @@ class ScaleAttention(nn.Module):
         out_BxTxnxH = jnp.where(empty_T[None, :, None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)
       outs.append(out_BxTxnxH)
     out_BxTxNxH = jnp.concatenate(outs, axis=2)
-    return dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
+    out_BxTxD = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
+    return out_BxTxD if caches is None else (out_BxTxD, written)

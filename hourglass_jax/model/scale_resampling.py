@@ -24,8 +24,13 @@ def up_method(upsampler: str) -> str:
 
 
 def downsample(cfg: LayerConfig, downsampler: str, x_BxLxD, k: int, deterministic: bool, name: str):
-  """Shift right by k-1, then 'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k)."""
-  return Pool(cfg, k, down_method(downsampler), name=name)(shift_right(x_BxLxD, k - 1), deterministic)
+  """Shift right by k-1, then `pool`."""
+  return pool(cfg, downsampler, shift_right(x_BxLxD, k - 1), k, deterministic, name)
+
+
+def pool(cfg: LayerConfig, downsampler: str, h0_BxLxD, k: int, deterministic: bool, name: str):
+  """'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k) of an already shifted stream."""
+  return Pool(cfg, k, down_method(downsampler), name=name)(h0_BxLxD, deterministic)
 
 
 def upsample(cfg: LayerConfig, upsampler: str, z_BxLkxD, k: int, deterministic: bool, name: str):

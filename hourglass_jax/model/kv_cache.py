@@ -1,0 +1,114 @@
+"""Caches of incremental decoding: K/V caches, in the layouts the attention matmuls read without a transpose:
+K [B, heads, head_dim, S] and V [B, heads, S, head_dim] (a scanned stack adds a leading layer axis).
+
+The attention modules (layers.MultiHeadAttention, scale_attention.ScaleAttention) take a `KVCache` in place of
+their full key stream: they write the new rows' keys and values into it and attend over all of its entries.
+A pooled stream keeps its last k-1 rows in a buffer (`shift_in`): the causal shift, applied row by row.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from hourglass_jax.model.positions import sinusoid_table
+
+
+class KVCache(NamedTuple):
+  """A cache being extended by one attention call.
+
+  kv: {'k', 'v'} arrays (with a leading layer axis when `layer` is given: the entry of that layer is written in
+  place); start: the entry of the call's first new key row; positions_S: the original-token positions of all S
+  entries; unit: the spacing of query-key distances (relative positions: the table holds W_r R(n * unit) for
+  n < num_distances); window: (first entry, count) to attend over only that slice (positions_S and the mask then
+  describe the slice).
+  """
+  kv: dict
+  start: Any
+  positions_S: Any
+  unit: int = 1
+  num_distances: int = 0
+  layer: Any = None
+  window: tuple | None = None
+
+
+def new_kv(cfg, batch: int, size: int, heads: int | None = None) -> dict:
+  heads = cfg.num_heads if heads is None else heads
+  return {"k": jnp.zeros((batch, heads, cfg.head_dim, size), cfg.compute_dtype),
+          "v": jnp.zeros((batch, heads, size, cfg.head_dim), cfg.compute_dtype)}
+
+
+def new_stack(cfg, batch: int, num_layers: int, size: int) -> dict:
+  """Caches of a scanned stack: the per-block layout with a leading layer axis."""
+  return {name: jnp.zeros((num_layers, *a.shape), a.dtype) for name, a in new_kv(cfg, batch, size).items()}
+
+
+def size(kv: dict) -> int:
+  return kv["v"].shape[-2]
+
+
+_ENTRY_AXIS = {"k": 3, "v": 2}
+
+
+def write(cache: KVCache, k_BxTxNxH, v_BxTxNxH) -> dict:
+  """`cache.kv` with the new keys/values at entries start..start+T-1 (of layer `cache.layer`, in place)."""
+  new = {"k": jnp.einsum("btnh->bnht", k_BxTxNxH), "v": jnp.einsum("btnh->bnth", v_BxTxNxH)}
+  kv = cache.kv
+  if cache.layer is None:
+    put = lambda name: lax.dynamic_update_slice_in_dim(kv[name], new[name].astype(kv[name].dtype), cache.start,
+                                                       _ENTRY_AXIS[name])
+  else:
+    def put(name):  # entries start.. of layer `layer`: index (layer, 0, .., start, ..)
+      index = [jnp.asarray(cache.layer, jnp.int32)] + [jnp.zeros((), jnp.int32)] * new[name].ndim
+      index[_ENTRY_AXIS[name] + 1] = jnp.asarray(cache.start, jnp.int32)
+      return lax.dynamic_update_slice(kv[name], new[name][None].astype(kv[name].dtype), index)
+  # The barrier keeps XLA from fusing the update into the attention matmul, which would copy the whole cache.
+  return lax.optimization_barrier({name: put(name) for name in ("k", "v")})
+
+
+def view(cache: KVCache, kv: dict) -> dict:
+  """The entries of `kv` (cache.kv written) that the queries attend over: one layer of a stacked cache, or the
+  window."""
+  if cache.layer is not None:
+    kv = {name: lax.dynamic_index_in_dim(a, cache.layer, 0, keepdims=False) for name, a in kv.items()}
+  if cache.window is not None:
+    first, count = cache.window
+    kv = {name: lax.dynamic_slice_in_dim(a, first, count, axis=_ENTRY_AXIS[name]) for name, a in kv.items()}
+  return kv
+
+
+def attend(q_BxTxNxH, kv: dict, mask_TxS, bias=None):
+  """ops.attention.reference_attention on the cache layouts; `mask_TxS` may be traced."""
+  logits_BxNxTxS = jnp.einsum("btnh,bnhs->bnts", q_BxTxNxH, kv["k"], preferred_element_type=jnp.float32)
+  logits_BxNxTxS = logits_BxNxTxS * q_BxTxNxH.shape[-1] ** -0.5
+  if bias is not None:
+    logits_BxNxTxS = logits_BxNxTxS + bias
+  logits_BxNxTxS = jnp.where(mask_TxS, logits_BxNxTxS, jnp.finfo(jnp.float32).min)
+  probs_BxNxTxS = jax.nn.softmax(logits_BxNxTxS, axis=-1)
+  return jnp.einsum("bnts,bnsh->btnh", probs_BxNxTxS.astype(kv["v"].dtype), kv["v"])
+
+
+def relative_table(cfg, project, cache: KVCache):
+  """W_r R(n * unit) for n < num_distances as [heads, R, head_dim] (`project`: the attention's 'position' Dense)."""
+  r_RxD = sinusoid_table(jnp.arange(cache.num_distances) * cache.unit, cfg.d_model).astype(cfg.compute_dtype)
+  return jnp.swapaxes(project(r_RxD), 0, 1)
+
+
+def relative_bias(cfg, qv_BxTxNxH, table_NxRxH, positions_q_T, cache: KVCache):
+  """Scaled Transformer-XL position term (q + v) W_r R(q - k) [B, N, T, S] against every cache entry."""
+  pos_BxNxTxR = jnp.einsum("btnh,nrh->bntr", qv_BxTxNxH, table_NxRxH, preferred_element_type=jnp.float32)
+  index_TxS = jnp.clip((positions_q_T[:, None] - cache.positions_S[None, :]) // cache.unit, 0,
+                       table_NxRxH.shape[1] - 1)
+  return jnp.take_along_axis(pos_BxNxTxR, index_TxS[None, None], axis=-1) * (cfg.head_dim ** -0.5)
+
+
+def shift_in(buf_BxWxD, new_BxTxD):
+  """(window = the last W buffered vectors followed by the new ones, the buffer's next value = its last W)."""
+  window_BxVxD = jnp.concatenate([buf_BxWxD, new_BxTxD], axis=1)
+  return window_BxVxD, window_BxVxD[:, window_BxVxD.shape[1] - buf_BxWxD.shape[1]:]
+
+
+def num_coarse(num_fine: int, k: int) -> int:
+  """Coarse tokens computable from the first `num_fine` fine tokens: token j needs fine token jk."""
+  return (num_fine - 1) // k + 1
