@@ -7,7 +7,7 @@ there is no BookCorpus tokenizer here). Shorter scale lists take the trailing pa
 so every model has 12 layers at scale 1. The training settings are this project's, not the paper's.
 """
 
-from hourglass_jax.config_base import base_config
+from hourglass_jax.config.base import base_config
 
 MULTISCALE_DEFAULTS = dict(scales="64,16,4,1", layers_per_scale="2,4,8,12", heads_per_scale="", downsampler="avg",
                            upsampler="transposed_conv", retina_windows="")

@@ -1,6 +1,6 @@
 """Default: a CPU-sized Hourglass on the embedded offline corpus (the `make train` job, a few minutes on 2 cores)."""
 
-from hourglass_jax.config_base import base_config
+from hourglass_jax.config.base import base_config
 
 
 def get_config():

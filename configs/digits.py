@@ -1,7 +1,7 @@
 """Offline images: a tiny Hourglass on scikit-learn's 8x8 digits (64 grey values per image, bits per dim), so image
 training and sampling work on any machine (pip install 'hourglass-jax[images]'; built on first use, no download)."""
 
-from hourglass_jax.config_base import base_config
+from hourglass_jax.config.base import base_config
 
 
 def get_config():

@@ -1,11 +1,11 @@
 """Downsampled ImageNet 64x64 as in the Hourglass paper: 3@1 12@3 3@1, d 768, linear / linear."""
 
-from hourglass_jax.config_base import base_config
-from hourglass_jax.config_scale import LONG_SEQUENCE_PRESETS, apply_preset
+from hourglass_jax.config.base import base_config
+from hourglass_jax.config.pod_scale import LONG_SEQUENCE_PRESETS, apply_preset
 
 
 def get_config(preset: str = ""):
-  """The paper's settings; `:pod`, `:pod_fsdp` or `:pod_tensor` for a TPU pod slice (hourglass_jax/config_scale.py)."""
+  """The paper's settings; `:pod`, `:pod_fsdp` or `:pod_tensor` for a TPU pod slice (hourglass_jax/config/pod_scale.py)."""
   cfg = base_config()
   cfg.model.update(vocab_size=256, d_model=768, num_heads=8, d_ff=3072, hierarchy="3@1 12@3 3@1",
                    shorten="linear", upsample="linear", dropout=0.0)

@@ -1,6 +1,6 @@
 """Tiny: the smallest useful model, for tests and smoke runs (seconds on one CPU core)."""
 
-from hourglass_jax.config_base import base_config
+from hourglass_jax.config.base import base_config
 
 
 def get_config():

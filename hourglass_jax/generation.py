@@ -1,7 +1,7 @@
-"""Sampling from params on a mesh: the one generation path of `hourglass-sample` (sample.py) and the trainer's
+"""Sampling from params on a mesh: the one generation path of `hourglass-sample` (cli/sample.py) and the trainer's
 end-of-run sample (train/loop.py).
 
-Both run model/sampling.py's `generate` (one jit-compiled program: a parallel prefill, then KV-cached decode steps)
+Both run model/decode/sampling.py's `generate` (one jit-compiled program: a parallel prefill, then KV-cached decode steps)
 the same way: the prompts padded to, and sharded over, the data-parallel devices like a training batch, the params
 in their training shardings (fsdp / tensor parallel included) and the tokens replicated, so every process of a
 multi-host run feeds its own rows, runs the same program with the same seed and gets the same tokens back.
@@ -14,7 +14,8 @@ import jax
 import numpy as np
 
 from hourglass_jax import compile_cache, sharding
-from hourglass_jax.model import ModelConfig, sampling
+from hourglass_jax.model import ModelConfig
+from hourglass_jax.model.decode import sampling
 
 
 def byte_prompts(prompt: bytes, num_samples: int, vocab_size: int) -> np.ndarray:

@@ -19,12 +19,10 @@ Example (an Hourglass body over your own embeddings):
   y_BxLxD = body.apply(variables, x_BxLxD)                     # y[:, t] depends on x[:, :t+1] only
 """
 
-from hourglass_jax.model.hourglass import Hourglass
+from hourglass_jax.model.hourglass import SHORTEN_METHODS, UPSAMPLE_METHODS, Hourglass, Shorten, Upsample, shift_right
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import LAYERS_AXIS, DecoderStack
-from hourglass_jax.model.multiscale import BottomUp, TopDown
-from hourglass_jax.model.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS, Shorten, Upsample, shift_right
-from hourglass_jax.model.retina import Retina
+from hourglass_jax.model.multiscale import BottomUp, Retina, TopDown
 
 __all__ = ["LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack", "Hourglass",
            "LayerConfig", "LayerOptions", "Retina", "Shorten", "TopDown", "Upsample", "shift_right"]

@@ -17,7 +17,7 @@ from flax import traverse_util
 
 from hourglass_jax import __version__, paths
 from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.train.checkpoint_record import function_changes
+from hourglass_jax.model.config import function_changes
 
 WEIGHTS_FILE, CARD_FILE = "model.safetensors", "config.json"
 FORMAT, FORMAT_VERSION = "hourglass_jax", 1

@@ -146,7 +146,7 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
 
 
 def _define_flags():
-  """Flags are defined only when run as a script, so tests can import this module next to hourglass_jax.main."""
+  """Flags are defined only when run as a script, so tests can import this module next to hourglass_jax.cli.main."""
   config = config_flags.DEFINE_config_file("config", None, "configs/*.py file, optionally :preset.")
   accelerator = flags.DEFINE_string("accelerator", None, "Slice to compile for: v4-8, v4-32, v5litepod-16 (or "
                                     "v5e-16), v5p-8, v6e-8, ... as gcloud's --accelerator-type names them.")

@@ -124,7 +124,7 @@ def command_env(devices: int = 8) -> dict:
 
 def train_command(workdir, *flags: str, entry: str = "train_entry") -> list[str]:
   """`hourglass-train` (or `hourglass-eval` with entry='eval_entry') on the shared config."""
-  return [sys.executable, "-c", f"from hourglass_jax.main import {entry}; {entry}()",
+  return [sys.executable, "-c", f"from hourglass_jax.cli.main import {entry}; {entry}()",
           f"--config={CONFIGS / 'tiny.py'}", f"--workdir={workdir}", *FLAGS, *flags]
 
 

@@ -1,6 +1,6 @@
 """Test instrumentation for multi-process runs (tests/test_scale_out.py): records, per process, a hash of every
 training row it feeds and, per step, the loss, into `<dir>/probe-<process>.txt`. Appends, so a killed and resumed
-run keeps both attempts. Not a test module; imported by the subprocesses before hourglass_jax.main runs."""
+run keeps both attempts. Not a test module; imported by the subprocesses before hourglass_jax.cli.main runs."""
 
 import hashlib
 import os

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model import ModelConfig, build_model, decode, parse_hierarchy, sampling
+from hourglass_jax.model import ModelConfig, build_model, decode, parse_hierarchy
+from hourglass_jax.model.decode import sampling
 from hourglass_jax.testing import random_variables
 from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
 

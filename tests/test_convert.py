@@ -59,7 +59,7 @@ def test_old_layout_is_refused_then_converted_and_resumes(tmp_path):
   with pytest.raises(TrainError, match=r"per-block parameter layout.*hourglass-convert --workdir="):
     train_and_evaluate(cfg, tmp_path, log=quiet)
 
-  result = run([sys.executable, "-c", "from hourglass_jax.main import convert_entry; convert_entry()",
+  result = run([sys.executable, "-c", "from hourglass_jax.cli.main import convert_entry; convert_entry()",
                 f"--workdir={tmp_path}"])
   assert result.returncode == 0, result.stderr
   assert "1 checkpoint(s) converted" in result.stdout
@@ -80,6 +80,6 @@ def saved_names(directory, step) -> list[str]:
 
 
 def test_convert_names_a_wrong_workdir(tmp_path):
-  result = run([sys.executable, "-c", "from hourglass_jax.main import convert_entry; convert_entry()",
+  result = run([sys.executable, "-c", "from hourglass_jax.cli.main import convert_entry; convert_entry()",
                 f"--workdir={tmp_path / 'missing'}"])
   assert result.returncode != 0 and "does not exist" in result.stderr and "Traceback" not in result.stderr

@@ -5,7 +5,7 @@ import sys
 
 
 def _data(*args):
-  return subprocess.run([sys.executable, "-c", "from hourglass_jax.main import data_entry; data_entry()", *args],
+  return subprocess.run([sys.executable, "-c", "from hourglass_jax.cli.main import data_entry; data_entry()", *args],
                         capture_output=True, text=True, timeout=120)
 
 

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model import ModelConfig, build_model, decode, sampling
+from hourglass_jax.model import ModelConfig, build_model, decode
+from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
-from hourglass_jax.model.sampling import filter_logits, sample_logits
+from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
 from hourglass_jax.testing import random_variables
 from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
 
@@ -302,7 +303,8 @@ def test_errors_are_clear():
 def test_decoding_follows_a_change_to_a_block(monkeypatch):
   """One model definition: a change to the residual tail every block shares (here its attention branch halved)
   changes the forward pass, and cached decoding follows it without a second edit."""
-  from hourglass_jax.model import layers, resampling
+  from hourglass_jax.model import layers
+  from hourglass_jax.model.hourglass import resampling
   cfg = small_config(hierarchy=SINGLE_LEVEL, shorten="attention_linear", upsample="attention_linear",
                      position="relative")
   _, params = model_and_params(cfg)

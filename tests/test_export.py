@@ -82,12 +82,12 @@ def test_bfloat16_export_is_half_the_size_and_close(trained, tmp_path):
 @pytest.mark.slow
 def test_an_earlier_step_and_the_command_line(trained, tmp_path):
   workdir, *_ = trained
-  result = run([sys.executable, "-c", "from hourglass_jax.main import export_entry; export_entry()",
+  result = run([sys.executable, "-c", "from hourglass_jax.cli.main import export_entry; export_entry()",
                 f"--workdir={workdir}", f"--output={tmp_path / 'out'}", "--step=2"], devices=1)
   assert result.returncode == 0, result.stderr
   assert "exported step 2:" in result.stdout
   assert json.loads((tmp_path / "out" / "config.json").read_text())["step"] == 2
-  result = run([sys.executable, "-c", "from hourglass_jax.main import export_entry; export_entry()",
+  result = run([sys.executable, "-c", "from hourglass_jax.cli.main import export_entry; export_entry()",
                 f"--workdir={workdir}", f"--output={tmp_path / 'out'}", "--step=3"], devices=1)
   assert result.returncode == 1 and result.stderr.strip() == (
       f"error: no checkpoint of step 3 under {workdir}/checkpoints; it holds steps 2, 4.")

@@ -12,7 +12,8 @@ import pytest
 
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import KINDS, function_fields
-from hourglass_jax.train.checkpoint_record import check_same_function, function_changes
+from hourglass_jax.model.config import function_changes
+from hourglass_jax.train.checkpoint_record import check_same_function
 from tests.helpers import SMALL, quick_compiles  # noqa: F401  (quick_compiles: an autouse fixture)
 
 BASES = {

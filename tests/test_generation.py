@@ -1,4 +1,4 @@
-"""One generation path: the trainer's end-of-run sample is model/sampling.py's cached `generate` on the training mesh
+"""One generation path: the trainer's end-of-run sample is model/decode/sampling.py's cached `generate` on the training mesh
 (generation.py, hourglass-sample's path: both draw the same bytes), with no full forward pass per token, on one
 process or two, and may run past data.seq_len; `generate` sizes its cache to fit retina windows."""
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from hourglass_jax import generation, sharding
-from hourglass_jax.model import HourglassLM, ModelConfig, build_model, sampling
-from hourglass_jax.sample import SampleOptions, sample
+from hourglass_jax.model import HourglassLM, ModelConfig, build_model
+from hourglass_jax.model.decode import sampling
+from hourglass_jax.cli.sample import SampleOptions, sample
 from hourglass_jax.testing import random_variables
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import SAMPLE_TEMPERATURE, end_of_run_sample, train_and_evaluate

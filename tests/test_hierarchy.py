@@ -1,6 +1,6 @@
 import pytest
 
-from hourglass_jax.model.hierarchy import parse_hierarchy
+from hourglass_jax.model.hourglass.hierarchy import parse_hierarchy
 
 
 @pytest.mark.parametrize("text, levels, post", [

@@ -52,7 +52,7 @@ def _one_error_line(done, *expected: str) -> None:
 def test_a_config_file_that_cannot_be_loaded_ends_in_one_line(tmp_path, config, expected):
   (tmp_path / "broken.py").write_text("def get_config(:\n")
   config, expected = config.format(tmp=tmp_path), [e.format(tmp=tmp_path) for e in expected]
-  done = run([sys.executable, "-c", "from hourglass_jax.main import train_entry; train_entry()", f"--config={config}",
+  done = run([sys.executable, "-c", "from hourglass_jax.cli.main import train_entry; train_entry()", f"--config={config}",
               f"--workdir={tmp_path / 'run'}"], timeout=120)
   _one_error_line(done, *expected)
 

@@ -13,7 +13,7 @@ from ml_collections import config_flags
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import counting
 from hourglass_jax.model.lm import build_body
-from hourglass_jax.model.scale_attention import retina_mask
+from hourglass_jax.model.multiscale.attention import retina_mask
 from hourglass_jax.testing import random_variables
 from tests.helpers import CONFIGS, LENGTHS, SMALL, assert_causal
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.resampling import Shorten, Upsample, shift_right, shorten_mask, upsample_mask
+from hourglass_jax.model.hourglass.resampling import Shorten, Upsample, shift_right, shorten_mask, upsample_mask
 
 D, N, F, B, L = 16, 2, 32, 2, 12
 H = D // N

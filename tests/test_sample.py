@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hourglass_jax.sample import SampleOptions, check_options, sample
+from hourglass_jax.cli.sample import SampleOptions, check_options, sample
 from hourglass_jax.train.checkpoint_record import check_same_function
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop import train_and_evaluate

@@ -33,7 +33,7 @@ def _trainer_args(workdir, probe: dict) -> list[str]:
   """hourglass-train's flags (the shared FLAGS of tests/helpers.py) after `python`, with the probe installed first."""
   command = train_command(workdir, f"--config.train.steps={STEPS}", f"--config.checkpoint.every_steps={EVERY}")
   code = (f"from tests.scale_out_probe import install; install({str(workdir / 'probe')!r}, **{probe!r}); "
-          "from hourglass_jax.main import train_entry; train_entry()")
+          "from hourglass_jax.cli.main import train_entry; train_entry()")
   return ["-c", code, *command[3:]]
 
 

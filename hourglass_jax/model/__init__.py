@@ -5,9 +5,9 @@ from typing import Any, Mapping
 import flax.linen as nn
 
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.lm import HourglassLM
-from hourglass_jax.model.scales import MultiScale
+from hourglass_jax.model.multiscale.scales import MultiScale
 
 
 def build_model(model_cfg: Mapping[str, Any] | ModelConfig) -> nn.Module:

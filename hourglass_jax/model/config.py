@@ -3,13 +3,13 @@
 import dataclasses
 from typing import Any, Mapping
 
-from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIELDS, POSITIONS, REMAT_POLICIES,
                                               DerivedLayerSettings, LayerConfig, check_choice, check_int,
                                               check_layer_settings, check_types)
-from hourglass_jax.model.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
-from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS
-from hourglass_jax.model.scales import MultiScale, parse_multiscale
+from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
+from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
+from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
 MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
@@ -31,7 +31,7 @@ class ModelConfig(DerivedLayerSettings):
   """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
 
   hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
-  as '12@1'; topdown and bottomup from `layers_per_scale`. See scales.py for the multi-scale notation.
+  as '12@1'; topdown and bottomup from `layers_per_scale`. See multiscale/scales.py for the multi-scale notation.
   """
   kind: str = _field("hourglass", function_of=KINDS)
   vocab_size: int = 256
@@ -126,3 +126,13 @@ def config_section_fields() -> dict[str, Any]:
   """The `model` config section: every ModelConfig field and default except those another section sets."""
   return {f.name: getattr(ModelConfig(), f.name) for f in dataclasses.fields(ModelConfig)
           if not f.metadata.get("set_by")}
+
+
+def function_changes(saved: dict, model: dict, saved_as: str = "checkpoint", model_as: str = "config") -> list[str]:
+  """'model.F: checkpoint A, config B' for each field that changes the function of either side's kind without
+  changing a parameter shape (`function_fields`; the shape check cannot see them) and differs.
+  `saved_as` and `model_as` name the two sides."""
+  kinds = [kind for kind in (saved.get("kind"), model.get("kind")) if kind in KINDS]
+  fields = [field for kind in kinds for field in function_fields(kind)]
+  return [f"model.{k}: {saved_as} {saved[k]!r}, {model_as} {model.get(k)!r}" for k in dict.fromkeys(fields)
+          if k in saved and saved[k] != model.get(k, saved[k])]

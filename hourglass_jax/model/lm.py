@@ -5,10 +5,10 @@ import jax.numpy as jnp
 
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hourglass import Hourglass, new_hourglass_cache
+from hourglass_jax.model.hourglass.body import Hourglass, new_hourglass_cache
 from hourglass_jax.model.layers import dense
-from hourglass_jax.model.multiscale import BottomUp, TopDown, new_multiscale_cache
-from hourglass_jax.model.retina import Retina, check_windows_fit, new_retina_cache
+from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown, new_multiscale_cache
+from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit, new_retina_cache
 
 
 def build_body(cfg: ModelConfig, name: str = "body"):
@@ -42,7 +42,7 @@ class HourglassLM(nn.Module):
 
   Serves every kind: the body is picked by `cfg.kind` (a single-level hierarchy is the vanilla decoder stack).
   Ids outside [0, vocab) raise ValueError when concrete; under jit their row's logits are all NaN (checks.py).
-  With a `cache` (decode.py) it returns (logits [B, vocab] of the last token, cache) instead.
+  With a `cache` (model/decode) it returns (logits [B, vocab] of the last token, cache) instead.
   """
   cfg: ModelConfig
 
@@ -53,7 +53,7 @@ class HourglassLM(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
                      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
     head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")
-    if cache is not None:  # decode.py: tokens at entries position.. (0.. when None); logits of the last one
+    if cache is not None:  # model/decode: tokens at entries position.. (0.. when None); logits of the last one
       x_BxTxD = nan_rows_with_bad_ids(embed(tokens_BxL), tokens_BxL, cfg.vocab_size)
       x_BxTxD, cache = build_body(cfg)(x_BxTxD, True, cache, position)
       return head(x_BxTxD[:, -1]).astype(jnp.float32), cache

@@ -5,7 +5,7 @@ import math
 
 import ml_collections
 
-from hourglass_jax.config_base import base_config
+from hourglass_jax.config.base import base_config
 from hourglass_jax.data.sources import check_data_config
 
 SCHEDULES = ("cosine", "rsqrt", "constant")
@@ -20,7 +20,8 @@ def check_known_keys(cfg: ml_collections.ConfigDict) -> None:
   base = base_config()
   for section in base.keys():
     if section not in cfg:
-      raise ValueError(f"config has no {section!r} section; start config files from config_base.base_config().")
+      raise ValueError(f"config has no {section!r} section; start config files from "
+                       "hourglass_jax.config.base.base_config().")
   for section in cfg.keys():
     if section not in base:
       raise ValueError(f"config section {section!r} is unknown{_suggest(section, base.keys())}; sections are "

@@ -1,5 +1,5 @@
 """`hourglass-sample`: restores a trained checkpoint read-only and samples with the KV cache, through generation.py
-(the path the trainer's end-of-run sample takes too; the cached decode loop itself is model/sampling.py's).
+(the path the trainer's end-of-run sample takes too; the cached decode loop itself is model/decode/sampling.py's).
 
 Text configs continue a byte prompt; image configs (data.name an image dataset) complete images from scratch (the
 start token alone) or from the top rows of real images of a split, and write a PNG grid. The sample batch is

@@ -18,9 +18,9 @@ from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import (LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks,
                                         stream_positions)
-from hourglass_jax.model.scale_attention import ScaleAttention, retina_mask, retina_visible
-from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, pool, pyramid
-from hourglass_jax.model.scales import MultiScale, parse_multiscale
+from hourglass_jax.model.multiscale.attention import ScaleAttention, retina_mask, retina_visible
+from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, pool, pyramid
+from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 
 def check_windows_fit(scales: MultiScale, retina_windows: str, length: int) -> None:

@@ -19,10 +19,10 @@ from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
 from hourglass_jax.model.layers import (DecoderStack, causal_mask, dense, feed_forward_residual, layer_norm, pad_to,
                                         rematerialised, stream_positions)
-from hourglass_jax.model.resampling import upsample_mask
-from hourglass_jax.model.scale_attention import ScaleAttention
-from hourglass_jax.model.scale_resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pool, pyramid, upsample
-from hourglass_jax.model.scales import MultiScale, parse_multiscale
+from hourglass_jax.model.hourglass.resampling import upsample_mask
+from hourglass_jax.model.multiscale.attention import ScaleAttention
+from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pool, pyramid, upsample
+from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 
 def new_multiscale_cache(cfg: LayerConfig, kind: str, scales: MultiScale, batch: int, padded: int) -> dict:

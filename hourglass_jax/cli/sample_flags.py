@@ -1,5 +1,5 @@
 """`hourglass-sample`'s flags (defined on import, by main.sample_entry only) and their translation into a call of
-hourglass_jax.sample.sample."""
+hourglass_jax.cli.sample.sample."""
 
 import sys
 
@@ -30,7 +30,7 @@ def _log(message: str) -> None:
 
 def run(cfg, workdir: str, split: str | None) -> dict:
   """Samples as the flags say; prints text samples (process 0)."""
-  from hourglass_jax.sample import SampleOptions, sample  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.cli.sample import SampleOptions, sample  # pylint: disable=import-outside-toplevel
 
   if _PROMPT.value is not None and _PROMPT_FILE.value is not None:
     raise ValueError("give --prompt or --prompt_file, not both.")

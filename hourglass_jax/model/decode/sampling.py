@@ -8,7 +8,7 @@ from jax import lax
 
 from hourglass_jax.model.checks import check_tokens
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.decode import decode_step, prefill, unbox_params
+from hourglass_jax.model.decode.steps import decode_step, prefill, unbox_params
 
 
 def apply_temperature(logits_BxV, temperature: float):

@@ -8,7 +8,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from hourglass_jax import paths
-from hourglass_jax.config_file import ConfigFileError, define_config_flag, one_line
+from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
 
 _CONFIG = define_config_flag("config", "Path to a configs/*.py file (optionally :preset).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
@@ -151,13 +151,13 @@ def _sample(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
-  from hourglass_jax import sample_flags
+  from hourglass_jax.cli import sample_flags
 
   _run(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
 
 
 def sample_entry():
-  from hourglass_jax import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
+  from hourglass_jax.cli import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
 
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(_sample, flags_parser=_parse_flags)
@@ -167,7 +167,7 @@ def _export(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
-  from hourglass_jax import export_flags
+  from hourglass_jax.cli import export_flags
 
   _run(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
        or export_flags.run(_WORKDIR.value))
@@ -176,7 +176,7 @@ def _export(argv):
 def export_entry():
   """hourglass-export --workdir=DIR --output=DIR [--step=N] [--dtype=bfloat16]: a checkpoint's parameters as
   safetensors with a JSON model card (docs/weights.md)."""
-  from hourglass_jax import export_flags  # noqa: F401  defines --output, --step, --dtype, for hourglass-export only
+  from hourglass_jax.cli import export_flags  # noqa: F401  defines --output, --step, --dtype, for hourglass-export only
 
   flags.mark_flags_as_required(["workdir", "output"])
   app.run(_export, flags_parser=_parse_flags)

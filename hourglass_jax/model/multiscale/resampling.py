@@ -7,7 +7,7 @@ ends at or before the finer token's position.
 """
 
 from hourglass_jax.model.layer_config import LayerConfig
-from hourglass_jax.model.resampling import Pool, Unpool, shift_right
+from hourglass_jax.model.hourglass.resampling import Pool, Unpool, shift_right
 
 DOWNSAMPLERS = ("avg", "conv")
 UPSAMPLERS = ("transposed_conv", "repeat")

@@ -3,7 +3,8 @@ step, with logits equal to `build_model(cfg).apply` position by position.
 
 There is no second copy of the model here: `HourglassLM` and its modules take a `cache` and a `position` and
 return the cache (gemma's `Block(x, cache) -> (y, cache)`), so a change to a block changes decoding with it. Each
-body documents its cache (hourglass.py, multiscale.py, retina.py; K/V caches in kv_cache.py). A shortened level or
+body documents its cache (hourglass/body.py, multiscale/topdown_bottomup.py, multiscale/retina.py; K/V caches in
+kv_cache.py). A shortened level or
 coarse scale advances only when its next token becomes computable (under nn.cond), so a level at total factor F
 runs once every F tokens. Relative-position tables (W_r R(d) for every distance) are made once per cache, in the
 'tables' collection. Sampling and `generate` (a jit-compiled decode loop) live in sampling.py.
@@ -17,7 +18,7 @@ import numpy as np
 from hourglass_jax.model.checks import check_tokens, is_checkable
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.lm import HourglassLM, new_body_cache
-from hourglass_jax.model.retina import check_windows_fit
+from hourglass_jax.model.multiscale.retina import check_windows_fit
 
 
 def unbox_params(variables):

@@ -12,10 +12,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import DecoderStack, pad_to
-from hourglass_jax.model.resampling import Shorten, Upsample
+from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 
 
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,

@@ -1,6 +1,6 @@
 """Attention whose head groups read different scales: the bottom-up aggregation layer and retina attention.
 
-Keys at cumulative scale s sit at positions js and summarise tokens js-s+1 .. js (see scale_resampling.py).
+Keys at cumulative scale s sit at positions js and summarise tokens js-s+1 .. js (see resampling.py).
 """
 
 import flax.linen as nn
