@@ -1,5 +1,7 @@
 """Incremental decoding: prefill + cached steps equal the full forward pass for every kind and option; sampling;
-errors. HOURGLASS_FULL_DECODE_TESTS=1 runs every combination (slow on CPU); by default each option runs once."""
+errors. The parity grid covers every combination of options; a sample of it in which each option runs once is
+unmarked, the rest is marked slow (`make test` and CI run it all, `make test-fast` the sample). Each case prefills
+one prompt length besides 0; HOURGLASS_FULL_DECODE_TESTS=1 takes every length (1, 5, 7 and a multiple)."""
 
 import functools
 import itertools
@@ -90,16 +92,17 @@ def assert_decoding_matches_forward(cfg, case: int = 0):
                                err_msg=f"{describe(cfg)} prompt {prompt_len}")
 
 
+def slow_unless(sampled: bool):
+  return () if sampled else (pytest.mark.slow,)
+
+
 def hourglass_cases():
-  """Every shorten and every upsample option, each with both hierarchies and both position schemes across the
-  cases; HOURGLASS_FULL_DECODE_TESTS=1 runs the full product (80)."""
+  """The full product (80) of shorten x upsample x hierarchy x position; unmarked: a sample in which every shorten
+  and every upsample option runs, with both hierarchies and both position schemes across it."""
   variants = list(itertools.product([SINGLE_LEVEL, MULTI_LEVEL], ["rope", "relative"]))
-  if FULL:
-    cases = [(s, u, h, p) for s, u in itertools.product(SHORTEN, UPSAMPLE) for h, p in variants]
-  else:
-    cases = [(SHORTEN[i % len(SHORTEN)], upsample, *variants[i % len(variants)])
-             for i, upsample in enumerate(UPSAMPLE)]
-  return [(*case, i) for i, case in enumerate(cases)]
+  sample = {(SHORTEN[i % len(SHORTEN)], upsample, *variants[i % len(variants)]) for i, upsample in enumerate(UPSAMPLE)}
+  cases = [(s, u, h, p) for s, u in itertools.product(SHORTEN, UPSAMPLE) for h, p in variants]
+  return [pytest.param(*case, i, marks=slow_unless(case in sample)) for i, case in enumerate(cases)]
 
 
 @pytest.mark.parametrize("shorten, upsample, hierarchy, position, case", hourglass_cases())
@@ -108,12 +111,12 @@ def test_hourglass_decoding_matches_forward(shorten, upsample, hierarchy, positi
                                                position=position), case)
 
 
-@pytest.mark.parametrize("position", ["rope", "relative"] if FULL else ["rope"])
+@pytest.mark.parametrize("position", ["rope", pytest.param("relative", marks=pytest.mark.slow)])
 def test_vanilla_decoding_matches_forward(position):
   assert_decoding_matches_forward(small_config(kind="vanilla", hierarchy="2@1", position=position))
 
 
-@pytest.mark.skipif(not FULL, reason="new shapes, slow on CPU; set HOURGLASS_FULL_DECODE_TESTS=1")
+@pytest.mark.slow
 @pytest.mark.parametrize("hierarchy", ["0@1 1@2 1@6 0@2 1@1", "1@1 1@5 1@1"])
 def test_other_hierarchies_decoding_matches_forward(hierarchy):
   assert_decoding_matches_forward(small_config(hierarchy=hierarchy, shorten="attention_linear",
@@ -125,11 +128,10 @@ def multiscale_config(fields, **overrides):
 
 
 def multiscale_cases():
-  """By default every downsampler and upsampler through top-down (with both position schemes), and bottom-up and
-  retina once each (relative / rope, learned pooling; 'avg' pooling is the same code). The full run takes every
-  kind x downsampler (x upsampler) x position, and other scales (a scale with no layers, factors 3 and 6)."""
-  if not FULL:
-    return [multiscale_config(TOPDOWN, downsampler="avg", upsampler="transposed_conv", position="rope"),
+  """Every kind x downsampler (x upsampler) x position, and other scales (a scale with no layers, factors 3 and
+  6). Unmarked: every downsampler and upsampler through top-down (with both position schemes), and bottom-up and
+  retina once each (relative / rope, learned pooling; 'avg' pooling is the same code)."""
+  sample = [multiscale_config(TOPDOWN, downsampler="avg", upsampler="transposed_conv", position="rope"),
             multiscale_config(TOPDOWN, downsampler="conv", upsampler="repeat", position="relative"),
             multiscale_config(BOTTOMUP, downsampler="conv", position="relative"),
             multiscale_config(RETINA, downsampler="conv", position="rope")]
@@ -138,16 +140,17 @@ def multiscale_cases():
     upsamplers = UPSAMPLERS if fields is TOPDOWN else UPSAMPLERS[:1]
     for down, up, position in itertools.product(DOWNSAMPLERS, upsamplers, ["rope", "relative"]):
       cases.append(multiscale_config(fields, downsampler=down, upsampler=up, position=position))
-  return cases + [
-      multiscale_config(TOPDOWN, scales="6,3,1", layers_per_scale="1,0,1", downsampler="conv"),
-      multiscale_config(RETINA, scales="6,2,1", retina_windows="0:2,2:7,7:11", downsampler="conv",
-                        position="relative")]
+  cases += [multiscale_config(TOPDOWN, scales="6,3,1", layers_per_scale="1,0,1", downsampler="conv"),
+            multiscale_config(RETINA, scales="6,2,1", retina_windows="0:2,2:7,7:11", downsampler="conv",
+                              position="relative")]
+  return sample + [cfg for cfg in cases if cfg not in sample], len(sample)
 
 
-MULTISCALE_CASES = multiscale_cases()
+MULTISCALE_CASES, NUM_SAMPLED = multiscale_cases()
 
 
-@pytest.mark.parametrize("case", range(len(MULTISCALE_CASES)), ids=[describe(c) for c in MULTISCALE_CASES])
+@pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i < NUM_SAMPLED), id=describe(cfg))
+                                  for i, cfg in enumerate(MULTISCALE_CASES)])
 def test_multiscale_decoding_matches_forward(case):
   assert_decoding_matches_forward(MULTISCALE_CASES[case], case)
 

@@ -217,3 +217,21 @@ def test_layer_options_defaults_are_layer_config_defaults():
   assert option_defaults.pop("d_model") is None and option_defaults.pop("d_ff") is None
   del config_defaults["d_model"], config_defaults["d_ff"]
   assert option_defaults == config_defaults
+
+
+def test_a_body_decodes_with_its_own_cache():
+  """The public modules decode through `new_cache` and cache=/position=: a prompt then single rows equal the
+  full pass at every position; a cache length that is no multiple of the shortening is refused."""
+  body = hnn.Hourglass(hierarchy="1@1 1@3 1@1", shorten="attention_linear", upsample="attention_repeat", num_heads=2)
+  x_BxLxD = jax.random.normal(jax.random.key(1), (2, 9, 16))
+  variables = body.init(jax.random.key(0), x_BxLxD)
+  full_BxLxD = body.apply(variables, x_BxLxD)
+  y_BxPxD, cache = body.apply(variables, x_BxLxD[:, :4], cache=body.new_cache(2, 9, 16))
+  step = jax.jit(lambda cache, x_Bx1xD, t: body.apply(variables, x_Bx1xD, cache=cache, position=t))
+  rows = [y_BxPxD]
+  for t in range(4, 9):
+    y_Bx1xD, cache = step(cache, x_BxLxD[:, t:t + 1], t)
+    rows.append(y_Bx1xD)
+  np.testing.assert_allclose(np.concatenate(rows, axis=1), full_BxLxD, atol=1e-5)
+  with pytest.raises(ValueError, match="length=10 must be a positive multiple of 3"):
+    body.new_cache(2, 10, 16)

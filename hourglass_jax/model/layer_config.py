@@ -145,6 +145,13 @@ class LayerOptions(nn.Module):
   remat_policy: str = "none"
   scan_unroll: int = 1
 
+  def check_cache_length(self, length: int, multiple: int) -> None:
+    """Raises unless a decoding cache of `length` positions is a positive multiple of `multiple` (the body's
+    total shortening or coarsest scale)."""
+    if not isinstance(length, int) or length < 1 or length % multiple:
+      raise ValueError(f"{type(self).__name__}.new_cache: length={length!r} must be a positive multiple of "
+                       f"{multiple} (the body's total shortening); round the longest sequence you will decode up.")
+
   def layer_config(self, width: int) -> LayerConfig:
     """The validated settings for an input of `width` channels (which must equal d_model when that is given)."""
     if self.d_model is not None and self.d_model != width:

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hourglass.body import Hourglass, new_hourglass_cache
+from hourglass_jax.model.hourglass.body import Hourglass
 from hourglass_jax.model.layers import dense
-from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown, new_multiscale_cache
-from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit, new_retina_cache
+from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
+from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
 
 
 def build_body(cfg: ModelConfig, name: str = "body"):
@@ -24,17 +24,6 @@ def build_body(cfg: ModelConfig, name: str = "body"):
                     downsampler=cfg.downsampler, **options, name=name)
   return Retina(num_layers=cfg.parsed_hierarchy.levels[0][0], scales=cfg.scales, retina_windows=cfg.retina_windows,
                 heads_per_scale=cfg.heads_per_scale, downsampler=cfg.downsampler, **options, name=name)
-
-
-def new_body_cache(cfg: ModelConfig, batch: int, padded: int) -> dict:
-  """The empty decoding cache of `build_body(cfg)` for `batch` sequences of `padded` (a multiple of
-  cfg.pad_multiple) positions."""
-  layer_cfg = cfg.layer_config
-  if cfg.kind in ("hourglass", "vanilla"):
-    return new_hourglass_cache(layer_cfg, cfg.parsed_hierarchy, cfg.shorten, cfg.upsample, batch, padded)
-  if cfg.kind in ("topdown", "bottomup"):
-    return new_multiscale_cache(layer_cfg, cfg.kind, cfg.parsed_scales, batch, padded)
-  return new_retina_cache(layer_cfg, cfg.parsed_hierarchy.levels[0][0], cfg.parsed_scales, batch, padded)
 
 
 class HourglassLM(nn.Module):

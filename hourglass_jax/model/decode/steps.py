@@ -17,7 +17,7 @@ import numpy as np
 
 from hourglass_jax.model.checks import check_tokens, is_checkable
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.lm import HourglassLM, new_body_cache
+from hourglass_jax.model.lm import HourglassLM, build_body
 from hourglass_jax.model.multiscale.retina import check_windows_fit
 
 
@@ -33,7 +33,7 @@ def padded_length(cfg: ModelConfig, max_len: int) -> int:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
-  """Empty cache for `batch` sequences of up to `max_len` tokens: {'state': the body's arrays (lm.new_body_cache),
+  """Empty cache for `batch` sequences of up to `max_len` tokens: {'state': the body's arrays (its `new_cache`),
   'tables': the relative-position distance tables}.
 
   position='relative' needs `params`: the attention modules make their tables here, on a 1-token call. Decoding
@@ -49,9 +49,9 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
     if params is None:
       raise ValueError("init_cache: position='relative' needs `params` to build its relative-position tables.")
     _, made = HourglassLM(cfg).apply({"params": unbox_params(params)}, jnp.zeros((1, 1), jnp.int32),
-                                     cache=new_body_cache(cfg, 1, padded), mutable=["tables"])
+                                     cache=build_body(cfg).new_cache(1, padded, cfg.d_model), mutable=["tables"])
     tables = made["tables"]
-  return {"state": new_body_cache(cfg, batch, padded), "tables": tables}
+  return {"state": build_body(cfg).new_cache(batch, padded, cfg.d_model), "tables": tables}
 
 
 def cache_length(cache) -> int:

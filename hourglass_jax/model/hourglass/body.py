@@ -47,13 +47,20 @@ class Hourglass(LayerOptions):
   `Upsample`); `outer_factor` is the input stream's own shortening. Block settings: `LayerOptions`. Params: 'pre',
   'shorten', 'inner' (the next level, the same layout), 'upsample', 'post'; or 'layers' for a single level.
 
-  Cached decoding: `cache` from `new_hourglass_cache` (entries in units of this stream), `position` None to
-  prefill x's rows as entries 0.. (a prompt), else the traced entry of x's single row; returns (y, cache).
+  Cached decoding: `cache` from `new_cache` (entries in units of this stream), `position` None to prefill x's
+  rows as entries 0.. (a prompt), else the (traced) entry of x's single row; returns (y, cache).
   """
   hierarchy: str = "2@1 4@3 2@1"
   shorten: str = "attention_avg"
   upsample: str = "attention_repeat"
   outer_factor: int = 1
+
+  def new_cache(self, batch: int, length: int, d_model: int) -> dict:
+    """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
+    width `d_model`."""
+    hierarchy = parse_hierarchy(self.hierarchy)
+    self.check_cache_length(length, hierarchy.total_factor)
+    return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):

@@ -2,9 +2,8 @@
 (resampling.py), attention whose head groups read different scales (attention.py), the top-down and bottom-up
 bodies (topdown_bottomup.py) and retina (retina.py)."""
 
-from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit, new_retina_cache
+from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
-from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown, new_multiscale_cache
+from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
 
-__all__ = ["BottomUp", "MultiScale", "Retina", "TopDown", "check_windows_fit", "new_multiscale_cache",
-           "new_retina_cache", "parse_multiscale"]
+__all__ = ["BottomUp", "MultiScale", "Retina", "TopDown", "check_windows_fit", "parse_multiscale"]

@@ -2,7 +2,7 @@
 own window of the past (e.g. '0:8,8:256,256:512': scale-1 heads the last 8 tokens, scale-4 heads 8..255 back,
 scale-16 heads 256..511 back). Keys and values of a group are the layer's normed input pooled causally at its scale.
 
-Cached decoding (`cache` from `new_retina_cache`, `position`): per block (stacked on a leading layer axis, scanned
+Cached decoding (`cache` from the module's `new_cache`, `position`): per block (stacked on a leading layer axis, scanned
 like the blocks' params) 'group_<g>' holds the K/V of head group g, 'buf_<s>' the last k-1 rows of the finer stream
 that scale s pools and 'top_<s>' its newest token. Scale s pools a token when one completes, under
 `nn.cond(position % s == 0)`; a step attends over only the slice of each group's cache its window can reach, so
@@ -129,6 +129,13 @@ class Retina(LayerOptions):
   retina_windows: str = "0:8,8:32,32:64"
   heads_per_scale: str = ""
   downsampler: str = "avg"
+
+  def new_cache(self, batch: int, length: int, d_model: int) -> dict:
+    """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
+    cfg = self.layer_config(d_model)
+    scales = parse_multiscale("retina", self.scales, "", self.heads_per_scale, self.retina_windows, cfg.num_heads)
+    self.check_cache_length(length, scales.coarsest)
+    return new_retina_cache(cfg, self.num_layers, scales, batch, length)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):

@@ -4,7 +4,7 @@ Both map the scale-1 stream x [B, L, D] to the scale-1 representation y [B, L, D
 inside to a multiple of the coarsest scale). A stack at cumulative scale s runs at positions 0, s, 2s... (its
 tokens' last positions), so rotary and relative positions measure real distances, as in Hourglass.
 
-Both decode with a cache (`cache`, `position`; empty caches from `new_multiscale_cache`). Per coarse scale s it
+Both decode with a cache (`cache`, `position`; an empty one from the module's `new_cache`). Per coarse scale s it
 holds 'scale_<s>' (its stack's K/V) and 'buf_<s>' (the last k-1 rows of the finer stream it pools: the causal
 shift); top-down adds 'rows_<s>' (the k up-sampled rows of its newest output), bottom-up 'top_<s>' (its newest
 output) and 'aggregate_<g>' (K/V of the aggregation layer's head group g), and its scale-1 stack 'scale_1'. Token j
@@ -71,6 +71,13 @@ class TopDown(LayerOptions):
   layers_per_scale: str = "2,2,2"
   downsampler: str = "avg"
   upsampler: str = "transposed_conv"
+
+  def new_cache(self, batch: int, length: int, d_model: int) -> dict:
+    """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
+    cfg = self.layer_config(d_model)
+    scales = parse_multiscale("topdown", self.scales, self.layers_per_scale, "", "", cfg.num_heads)
+    self.check_cache_length(length, scales.coarsest)
+    return new_multiscale_cache(cfg, "topdown", scales, batch, length)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
@@ -175,6 +182,14 @@ class BottomUp(LayerOptions):
   layers_per_scale: str = "2,2,2"
   heads_per_scale: str = ""
   downsampler: str = "avg"
+
+  def new_cache(self, batch: int, length: int, d_model: int) -> dict:
+    """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
+    cfg = self.layer_config(d_model)
+    scales = parse_multiscale("bottomup", self.scales, self.layers_per_scale, self.heads_per_scale, "",
+                              cfg.num_heads)
+    self.check_cache_length(length, scales.coarsest)
+    return new_multiscale_cache(cfg, "bottomup", scales, batch, length)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
