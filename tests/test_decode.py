@@ -47,7 +47,13 @@ def model_and_params(cfg):
   return model, decode.unbox_params(variables)
 
 
-@functools.cache
+# Compiled programs stay alive while their jitted function does, and each maps hundreds of memory regions: an
+# unbounded cache over the 138 parity cases pushed an xdist worker past the kernel's 65,530 mappings (vm.max_map_count),
+# where XLA crashed. So only the newest few are kept (the persistent compilation cache makes a recompile cheap).
+LIVE_PROGRAMS = 4
+
+
+@functools.lru_cache(maxsize=LIVE_PROGRAMS)
 def reference_program(cfg, prompts: tuple[int, ...]):
   """(full forward logits, empty cache, prefills of tokens[:, :P] for P in prompts) as one compiled program: XLA's
   compile time dominates these tests, and it grows less than the number of programs."""
@@ -60,7 +66,7 @@ def reference_program(cfg, prompts: tuple[int, ...]):
   return jax.jit(run)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=LIVE_PROGRAMS)
 def jitted_step(cfg):
   return jax.jit(lambda params, cache, token_B, t: decode.decode_step(params, cfg, cache, token_B, t))
 
