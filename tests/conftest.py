@@ -1,8 +1,11 @@
 """Test set-up: 8 virtual CPU devices, set before jax is imported anywhere, and a persistent compilation cache
 shared by the xdist workers and the subprocesses tests start (identical programs compile once per machine)."""
 
+import gc
 import os
 import pathlib
+
+import pytest
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -10,3 +13,14 @@ if os.environ["JAX_PLATFORMS"] != "cpu":  # float32 tolerances of 1e-5 assume fu
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax_compilation_cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+  """Drops the compiled programs of a test module when it ends: each keeps hundreds of memory mappings while jax's
+  caches hold it, and an xdist worker that had run a few hundred tests crossed the kernel's limit of 65,530
+  (vm.max_map_count), where XLA crashed. Later modules reload what they share from the persistent cache."""
+  yield
+  import jax  # imported here: the settings above must precede jax's import
+  jax.clear_caches()
+  gc.collect()
