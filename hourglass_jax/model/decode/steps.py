@@ -44,14 +44,15 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
   if cfg.kind == "retina":
     check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
   padded = padded_length(cfg, max_len)
+  body = build_body(cfg)
   tables = {}
   if cfg.position == "relative":
     if params is None:
       raise ValueError("init_cache: position='relative' needs `params` to build its relative-position tables.")
     _, made = HourglassLM(cfg).apply({"params": unbox_params(params)}, jnp.zeros((1, 1), jnp.int32),
-                                     cache=build_body(cfg).new_cache(1, padded, cfg.d_model), mutable=["tables"])
+                                     cache=body.new_cache(1, padded, cfg.d_model), mutable=["tables"])
     tables = made["tables"]
-  return {"state": build_body(cfg).new_cache(batch, padded, cfg.d_model), "tables": tables}
+  return {"state": body.new_cache(batch, padded, cfg.d_model), "tables": tables}
 
 
 def cache_length(cache) -> int:

@@ -126,12 +126,13 @@ def attention_residual(cfg: LayerConfig, direction: str, k: int, outer_factor: i
   return block_cls(cfg, direction, k, outer_factor, name="resample")
 
 
-def _check_resampling(module, methods: tuple[str, ...], length: int) -> None:
+def _check_resampling(module, methods: tuple[str, ...], length: int | None) -> None:
+  """The module's settings, and a full-resolution `length` that factor divides (None: decoding single rows)."""
   name = type(module).__name__
   check_choice(f"{name}.method", module.method, methods)
   check_int(f"{name}.factor", module.factor, 1)
   check_int(f"{name}.outer_factor", module.outer_factor, 1)
-  if length % module.factor:
+  if length is not None and length % module.factor:
     raise ValueError(f"{name}: the full-resolution length {length} is not a multiple of factor={module.factor}; "
                      "pad the sequence at the end (causal-safe) or use the Hourglass body, which pads for you.")
 
@@ -184,13 +185,10 @@ class Upsample(LayerOptions):
   def __call__(self, z_BxLkxD, r_BxLxD, deterministic: bool = True, kv=None, start=None):
     length = r_BxLxD.shape[1]
     cached = start is not None
-    if cached:
-      check_choice("Upsample.method", self.method, UPSAMPLE_METHODS)
-    else:
-      _check_resampling(self, UPSAMPLE_METHODS, length)
-      if z_BxLkxD.shape[1] * self.factor != length:
-        raise ValueError(f"Upsample: z has {z_BxLkxD.shape[1]} positions and r has {length}; with factor="
-                         f"{self.factor} z needs {length // self.factor}.")
+    _check_resampling(self, UPSAMPLE_METHODS, None if cached else length)
+    if not cached and z_BxLkxD.shape[1] * self.factor != length:
+      raise ValueError(f"Upsample: z has {z_BxLkxD.shape[1]} positions and r has {length}; with factor="
+                       f"{self.factor} z needs {length // self.factor}.")
     if self.method == "none":
       return (r_BxLxD, kv) if cached else r_BxLxD
     cfg, k = self.layer_config(r_BxLxD.shape[-1]), self.factor

@@ -133,16 +133,19 @@ class Retina(LayerOptions):
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
     cfg = self.layer_config(d_model)
-    scales = parse_multiscale("retina", self.scales, "", self.heads_per_scale, self.retina_windows, cfg.num_heads)
+    scales = self.parsed_scales(cfg.num_heads)
     self.check_cache_length(length, scales.coarsest)
     return new_retina_cache(cfg, self.num_layers, scales, batch, length)
+
+  def parsed_scales(self, num_heads: int) -> MultiScale:
+    return parse_multiscale("retina", self.scales, "", self.heads_per_scale, self.retina_windows, num_heads)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
     check_choice("Retina.downsampler", self.downsampler, DOWNSAMPLERS)
     check_int("Retina.num_layers", self.num_layers, 0)
     cfg = self.layer_config(x_BxLxD.shape[-1])
-    scales = parse_multiscale("retina", self.scales, "", self.heads_per_scale, self.retina_windows, cfg.num_heads)
+    scales = self.parsed_scales(cfg.num_heads)
     if cache is not None:
       return self._decode(cfg, scales, x_BxLxD, cache, position)
     length = x_BxLxD.shape[1]

@@ -75,9 +75,12 @@ class TopDown(LayerOptions):
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
     cfg = self.layer_config(d_model)
-    scales = parse_multiscale("topdown", self.scales, self.layers_per_scale, "", "", cfg.num_heads)
+    scales = self.parsed_scales(cfg.num_heads)
     self.check_cache_length(length, scales.coarsest)
     return new_multiscale_cache(cfg, "topdown", scales, batch, length)
+
+  def parsed_scales(self, num_heads: int) -> MultiScale:
+    return parse_multiscale("topdown", self.scales, self.layers_per_scale, "", "", num_heads)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
@@ -85,7 +88,7 @@ class TopDown(LayerOptions):
     check_choice("TopDown.upsampler", self.upsampler, UPSAMPLERS)
     cfg = self.layer_config(x_BxLxD.shape[-1])
     options = cfg.options()
-    scales = parse_multiscale("topdown", self.scales, self.layers_per_scale, "", "", cfg.num_heads)
+    scales = self.parsed_scales(cfg.num_heads)
     if cache is not None:
       cache = dict(cache)
       if position is None:
@@ -186,18 +189,19 @@ class BottomUp(LayerOptions):
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
     cfg = self.layer_config(d_model)
-    scales = parse_multiscale("bottomup", self.scales, self.layers_per_scale, self.heads_per_scale, "",
-                              cfg.num_heads)
+    scales = self.parsed_scales(cfg.num_heads)
     self.check_cache_length(length, scales.coarsest)
     return new_multiscale_cache(cfg, "bottomup", scales, batch, length)
+
+  def parsed_scales(self, num_heads: int) -> MultiScale:
+    return parse_multiscale("bottomup", self.scales, self.layers_per_scale, self.heads_per_scale, "", num_heads)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
     check_choice("BottomUp.downsampler", self.downsampler, DOWNSAMPLERS)
     cfg = self.layer_config(x_BxLxD.shape[-1])
     options = cfg.options()
-    scales = parse_multiscale("bottomup", self.scales, self.layers_per_scale, self.heads_per_scale, "",
-                              cfg.num_heads)
+    scales = self.parsed_scales(cfg.num_heads)
     factors = scales.factors
     if cache is not None:
       return self._decode(cfg, scales, x_BxLxD, dict(cache), position)
