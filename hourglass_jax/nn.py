@@ -7,8 +7,11 @@ logical axis names on its parameters (so a mesh's rules shard it) and works insi
   shift_right(x, n)      zeros in front: the causal shift that precedes shortening
   Shorten / Upsample     x [B, L, D] <-> [B, L/k, D]: avg | linear | attention_avg | attention_linear, and
                          repeat | linear | attention_repeat | attention_linear | none
+  DynamicShorten / DynamicUpsample  learned shortening: x [B, L, D] -> segment means [B, M, D] (boundaries
+                         'gumbel' learned, or given: whitespace_boundaries(tokens)) and each position's last
+                         completed segment back (+ x)
   DecoderStack           pre-LN causal transformer blocks (scanned), ending with LayerNorm
-  Hourglass              the whole hierarchy ('2@1 4@3 2@1') as one body
+  Hourglass              the whole hierarchy ('2@1 4@3 2@1') as one body; shorten='dynamic' for learned segments
   TopDown, BottomUp, Retina  the multi-scale bodies
   LayerOptions           the block settings every module above takes (num_heads, d_ff, dropout, dtype, ...)
 
@@ -19,10 +22,13 @@ Example (an Hourglass body over your own embeddings):
   y_BxLxD = body.apply(variables, x_BxLxD)                     # y[:, t] depends on x[:, :t+1] only
 """
 
-from hourglass_jax.model.hourglass import SHORTEN_METHODS, UPSAMPLE_METHODS, Hourglass, Shorten, Upsample, shift_right
+from hourglass_jax.model.hourglass import (BOUNDARY_PREDICTORS, SHORTEN_METHODS, UPSAMPLE_METHODS, DynamicShorten,
+                                          DynamicUpsample, Hourglass, Shorten, Upsample, shift_right,
+                                          whitespace_boundaries)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import LAYERS_AXIS, DecoderStack
 from hourglass_jax.model.multiscale import BottomUp, Retina, TopDown
 
-__all__ = ["LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack", "Hourglass",
-           "LayerConfig", "LayerOptions", "Retina", "Shorten", "TopDown", "Upsample", "shift_right"]
+__all__ = ["BOUNDARY_PREDICTORS", "LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack",
+           "DynamicShorten", "DynamicUpsample", "Hourglass", "LayerConfig", "LayerOptions", "Retina", "Shorten",
+           "TopDown", "Upsample", "shift_right", "whitespace_boundaries"]

@@ -5,9 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 
 
+# What modules sow during a call (auxiliary losses, metrics): outputs, not variables to draw.
+SOWN_COLLECTIONS = ("losses", "metrics", "intermediates")
+
+
 def random_variables(module, tokens_BxL, seed: int = 0, scale: float = 0.3):
   """Variables of `module` filled with N(0, scale^2) draws, without compiling its init (fast for small tests)."""
   shapes = jax.eval_shape(module.init, jax.random.key(0), tokens_BxL)
+  shapes = {name: tree for name, tree in shapes.items() if name not in SOWN_COLLECTIONS}
   rng = np.random.default_rng(seed)
 
   def draw(leaf):

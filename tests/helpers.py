@@ -75,12 +75,12 @@ def assert_causal(cfg: ModelConfig, length: int) -> None:
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
-def load_config(name: str) -> ml_collections.ConfigDict:
-  """configs/<name>.py's get_config()."""
+def load_config(name: str, *argument: str) -> ml_collections.ConfigDict:
+  """configs/<name>.py's get_config(), with the ':argument' of --config=configs/<name>.py:argument if given."""
   spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(*argument)
 
 
 # --- training-system tests ---------------------------------------------------------------------------------------

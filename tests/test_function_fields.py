@@ -22,14 +22,19 @@ BASES = {
     "topdown": dict(hierarchy="2@1", scales="4,1", layers_per_scale="1,1"),
     "bottomup": dict(hierarchy="2@1", scales="4,1", layers_per_scale="1,1"),
     "retina": dict(hierarchy="1@1", scales="4,1", retina_windows="0:4,4:8"),
+    # An hourglass with learned shortening: its own fields matter only there (model.config.function_fields).
+    "dynamic": dict(kind="hourglass", hierarchy="1@1 1@2 1@1", shorten="dynamic", upsample="repeat",
+                    boundaries="whitespace"),
 }
 # A valid other value per field; `hierarchy` keeps its depth so that only a factor changes where a kind uses it.
 OTHER = dict(vocab_size=60, d_model=48, num_heads=2, d_ff=96, shorten="attention_avg", upsample="none",
              position="relative", dropout=0.1, attention_dropout=0.2, dtype="bfloat16", attention_impl="reference",
              layer_norm_eps=0.1, rope_base=50.0, scales="2,1", layers_per_scale="1,2", heads_per_scale="1,3",
              downsampler="conv", upsampler="repeat", retina_windows="0:3,3:8", remat_policy="nothing_saveable",
-             scan_unroll=0)
-OTHER_HIERARCHY = {"hourglass": "1@1 1@4 1@1", "vanilla": "3@1", "topdown": "3@1", "bottomup": "3@1", "retina": "2@1"}
+             scan_unroll=0, boundaries="gumbel", boundary_bytes=" .", segment_capacity=0.2, gumbel_temperature=1.0,
+             boundary_loss_weight=0.5)
+OTHER_HIERARCHY = {"hourglass": "1@1 1@4 1@1", "dynamic": "1@1 1@4 1@1", "vanilla": "3@1", "topdown": "3@1",
+                   "bottomup": "3@1", "retina": "2@1"}
 # Same function by design; bfloat16 only rounds.
 EXECUTION = {"dropout": 0.0, "attention_dropout": 0.0, "attention_impl": 1e-5, "remat_policy": 0.0,
              "scan_unroll": 1e-5, "dtype": 0.1}
@@ -40,6 +45,19 @@ def config(kind, **overrides):
   return ModelConfig(**{**SMALL, "kind": kind, **BASES[kind], **overrides})
 
 
+def valid(kind, field, other) -> bool:
+  """Whether `kind`'s base takes the other value of `field` (a dynamic level refuses upsample='none')."""
+  try:
+    config(kind, **{field: other})
+  except ValueError:
+    return False
+  return True
+
+
+def listed(kind):
+  return function_fields("hourglass") + function_fields(kind) if kind == "dynamic" else function_fields(kind)
+
+
 def shapes(cfg):
   return jax.tree.map(lambda a: a.shape, jax.eval_shape(build_model(cfg).init, jax.random.key(0), TOKENS))
 
@@ -48,8 +66,11 @@ def logits_of(cfg, variables):
   return jax.jit(build_model(cfg).apply)(variables, TOKENS)
 
 
-@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind in ("hourglass", "bottomup")
-                                  else kind for kind in KINDS])  # those two: 27 s each on 2 cores
+SLOW = ("hourglass", "bottomup", "dynamic")  # 27-40 s each on 2 cores
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind in SLOW else kind
+                                  for kind in (*KINDS, "dynamic")])
 def test_function_fields_are_exactly_the_fields_that_change_the_function_but_no_shape(kind):
   base = config(kind)
   variables = build_model(base).init(jax.random.key(0), TOKENS)
@@ -57,14 +78,15 @@ def test_function_fields_are_exactly_the_fields_that_change_the_function_but_no_
   difference = lambda **changes: float(jnp.max(jnp.abs(logits_of(config(kind, **changes), variables) - logits)))
   others = {f.name: OTHER_HIERARCHY[kind] if f.name == "hierarchy" else OTHER[f.name]
             for f in dataclasses.fields(ModelConfig) if f.name != "kind"}
-  same_shape = [field for field, other in others.items() if shapes(config(kind, **{field: other})) == shapes(base)]
+  same_shape = [field for field, other in others.items()
+                if valid(kind, field, other) and shapes(config(kind, **{field: other})) == shapes(base)]
   assert {"layer_norm_eps", "rope_base"} <= set(same_shape)  # the two that no shape reveals for any kind
   for field in same_shape:
-    if field in function_fields(kind):
+    if field in listed(kind):
       assert difference(**{field: others[field]}) > 1e-4, f"{kind}: {field} is listed but changes nothing"
     elif field in EXECUTION:
       assert difference(**{field: others[field]}) <= EXECUTION[field], (kind, field)
-  unlisted = {field: others[field] for field in same_shape if field not in function_fields(kind) + tuple(EXECUTION)}
+  unlisted = {field: others[field] for field in same_shape if field not in listed(kind) + tuple(EXECUTION)}
   if difference(**unlisted) > 1e-6:  # all together change nothing, or name the field that does
     culprits = [field for field, other in unlisted.items() if difference(**{field: other}) > 1e-6]
     pytest.fail(f"{kind}: {culprits} change the logits at equal shapes but are not function fields")

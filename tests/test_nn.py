@@ -44,6 +44,8 @@ BODIES = {
                                                position="relative", num_heads=2),
     "hourglass_attention_linear": hnn.Hourglass(hierarchy="1@1 1@2 1@1", shorten="attention_linear",
                                                 upsample="attention_linear", num_heads=2, d_ff=40),
+    "hourglass_dynamic": hnn.Hourglass(hierarchy="1@1 1@3 1@1", shorten="dynamic", upsample="repeat", num_heads=2,
+                                       segment_capacity=1.0),
     "decoder_stack": hnn.DecoderStack(num_layers=2, num_heads=4),
     "topdown": hnn.TopDown(scales="4,2,1", layers_per_scale="1,1,1", downsampler="conv", num_heads=2),
     "bottomup": hnn.BottomUp(scales="4,2,1", layers_per_scale="1,0,1", heads_per_scale="1,1,1", num_heads=3),
@@ -51,7 +53,7 @@ BODIES = {
                          position="relative"),
 }
 
-SLOW_BODIES = {"hourglass", "hourglass_attention_linear", "bottomup"}  # 23-39 s each on 2 cores, the others < 18
+SLOW_BODIES = {"hourglass", "hourglass_attention_linear", "hourglass_dynamic", "bottomup"}  # 23-39 s each on 2 cores
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_BODIES else name
@@ -65,6 +67,22 @@ def test_every_body_maps_any_width_and_length_causally(name):
   influence_LxL = influence(lambda x: body.apply(variables, x), x_BxLxD)
   assert np.all(np.triu(influence_LxL, k=1) == 0.0), "an output depends on a later input"
   assert np.all(np.diag(influence_LxL) > 0.0)
+
+
+def test_dynamic_shortening_pools_given_segments_and_reads_the_last_completed_one():
+  """With boundaries after positions 1 and 4: z = the means of x[0:2], x[2:5]; position t reads the segment closed
+  strictly before it (none for t <= 1), through the output norm, plus x[t]."""
+  x_BxLxD = stream(7)
+  boundaries_BxL = jnp.asarray([[False, True, False, False, True, False, False]])
+  shorten = hnn.DynamicShorten(factor=3, boundaries="whitespace", num_heads=2)
+  upsample = hnn.DynamicUpsample(num_heads=2)
+  z_BxMxD, segments = shorten.apply({}, x_BxLxD, boundaries_BxL=boundaries_BxL)
+  np.testing.assert_allclose(z_BxMxD[0, :3], np.stack([x_BxLxD[0, 0:2].mean(0), x_BxLxD[0, 2:5].mean(0),
+                                                        x_BxLxD[0, 5:].mean(0)]), atol=1e-6)
+  y_BxLxD = upsample.apply(upsample.init(jax.random.key(0), z_BxMxD, segments, x_BxLxD), z_BxMxD, segments, x_BxLxD)
+  norm = lambda v: (v - v.mean()) / np.sqrt(v.var() + 1e-6)
+  expected = [np.zeros(WIDTH)] * 2 + [norm(z_BxMxD[0, 0])] * 3 + [norm(z_BxMxD[0, 1])] * 2
+  np.testing.assert_allclose(y_BxLxD[0] - x_BxLxD[0], np.stack(expected), atol=1e-4)
 
 
 @pytest.mark.parametrize("method", hnn.SHORTEN_METHODS)
@@ -122,6 +140,11 @@ def test_defaults_follow_the_input_width():
     (hnn.TopDown(scales="4,3,1", num_heads=2), (stream(6),), "4 is not an integer multiple (> 1) of the next scale 3"),
     (hnn.Retina(scales="4,2,1", retina_windows="0:2,2:6,6:20", num_heads=3), (stream(5),),
      "starts beyond this 5-token sequence"),
+    (hnn.DynamicShorten(boundaries="whitespace", num_heads=2), (stream(6),),
+     "needs boundaries_BxL of shape (1, 6) (got None); pass whitespace_boundaries(tokens)"),
+    (hnn.DynamicShorten(factor=1, num_heads=2), (stream(6),), "DynamicShorten.factor=1 must be an integer >= 2"),
+    (hnn.Hourglass(hierarchy="1@1 1@2 1@4 1@2 1@1", shorten="dynamic", upsample="repeat", num_heads=2),
+     (stream(8),), "takes one shortened level"),
 ])
 def test_bad_arguments_name_the_problem(module, inputs, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -7,13 +7,16 @@ from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIELDS, POSITIONS, REMAT_POLICIES,
                                               DerivedLayerSettings, LayerConfig, check_choice, check_int,
                                               check_layer_settings, check_types)
+from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
+from hourglass_jax.model.hourglass.dynamic_level import BOUNDARY_PREDICTORS
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
 MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
-SHORTEN = SHORTEN_METHODS
+SHORTEN = SHORTEN_METHODS  # fixed-factor methods; shorten may also be 'dynamic' (learned or given boundaries)
+DYNAMIC = "dynamic"
 UPSAMPLE = UPSAMPLE_METHODS
 __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLICIES", "UPSAMPLERS", "ModelConfig",
            "function_fields", "config_section_fields"]
@@ -42,6 +45,13 @@ class ModelConfig(DerivedLayerSettings):
   shorten: str = _field("attention_avg", function_of=("hourglass",))
   upsample: str = _field("attention_repeat", function_of=("hourglass",))
   position: str = _field("rope", function_of=KINDS)
+  # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS); 'whitespace' closes a segment
+  # after each byte in `boundary_bytes`. Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
+  boundaries: str = _field("gumbel", function_of=(DYNAMIC,))
+  boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
+  segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
+  gumbel_temperature: float = 0.5  # training only: the relaxed Bernoulli's temperature
+  boundary_loss_weight: float = 1.0  # training only: weight of the binomial prior loss ('gumbel')
   dropout: float = 0.0
   attention_dropout: float | None = None  # attention-probability dropout; None = model.dropout (as the paper)
   dtype: str = "float32"
@@ -65,7 +75,7 @@ class ModelConfig(DerivedLayerSettings):
     check_choice("model.kind", self.kind, KINDS)
     check_int("model.vocab_size", self.vocab_size, 2)
     check_layer_settings(self, "model.")
-    check_choice("model.shorten", self.shorten, SHORTEN)
+    check_choice("model.shorten", self.shorten, SHORTEN + (DYNAMIC,))
     check_choice("model.upsample", self.upsample, UPSAMPLE)
     check_choice("model.downsampler", self.downsampler, DOWNSAMPLERS)
     check_choice("model.upsampler", self.upsampler, UPSAMPLERS)
@@ -78,6 +88,23 @@ class ModelConfig(DerivedLayerSettings):
                        "e.g. '2@1 4@3 2@1'.")
     if self.kind in MULTISCALE_KINDS:
       _ = self.parsed_scales  # raises on malformed multi-scale fields
+    if self.kind == "hourglass" and self.shorten == DYNAMIC:
+      self._check_dynamic(hierarchy)
+
+  def _check_dynamic(self, hierarchy: Hierarchy) -> None:
+    check_choice("model.boundaries", self.boundaries, BOUNDARY_PREDICTORS)
+    if hierarchy.depth != 1 or self.upsample != "repeat":
+      raise ValueError(f"model.shorten='dynamic' takes one shortened level and model.upsample='repeat' (each "
+                       f"position reads its last completed segment); got hierarchy={self.hierarchy!r}, "
+                       f"upsample={self.upsample!r}. Use e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+    if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
+      raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
+                       "(characters 0-255), e.g. ' \\n.,'.")
+    for name in ("segment_capacity", "gumbel_temperature"):
+      if not float(getattr(self, name)) > 0:
+        raise ValueError(f"model.{name}={getattr(self, name)!r} must be > 0.")
+    if not float(self.boundary_loss_weight) >= 0:
+      raise ValueError(f"model.boundary_loss_weight={self.boundary_loss_weight!r} must be >= 0.")
 
   @property
   def parsed_scales(self) -> MultiScale:
@@ -118,7 +145,8 @@ class ModelConfig(DerivedLayerSettings):
 
 
 def function_fields(kind: str) -> tuple[str, ...]:
-  """The fields that change a `kind` model's function without changing a parameter shape (see `_field`)."""
+  """The fields that change a `kind` model's function without changing a parameter shape (see `_field`); kind
+  'dynamic': those that do so only with shorten='dynamic', beside the hourglass ones."""
   return tuple(f.name for f in dataclasses.fields(ModelConfig) if kind in f.metadata.get("function_of", ()))
 
 
@@ -133,6 +161,7 @@ def function_changes(saved: dict, model: dict, saved_as: str = "checkpoint", mod
   changing a parameter shape (`function_fields`; the shape check cannot see them) and differs.
   `saved_as` and `model_as` name the two sides."""
   kinds = [kind for kind in (saved.get("kind"), model.get("kind")) if kind in KINDS]
+  kinds += [DYNAMIC for side in (saved, model) if side.get("kind") == "hourglass" and side.get("shorten") == DYNAMIC]
   fields = [field for kind in kinds for field in function_fields(kind)]
   return [f"model.{k}: {saved_as} {saved[k]!r}, {model_as} {model.get(k)!r}" for k in dict.fromkeys(fields)
           if k in saved and saved[k] != model.get(k, saved[k])]

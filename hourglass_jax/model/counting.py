@@ -8,6 +8,7 @@ Parts are named `stage@factor`, the factor being the total shortening (multi-sca
 import dataclasses
 
 from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.hourglass.dynamic_level import max_segments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,8 @@ def _attention_tail(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int
 def _shorten(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
   d, short = cfg.d_model, length // k
   params, flops = 0, 0
+  if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1)
+    return (d * d + d + d + 1, 2 * length * (d * d + d)) if cfg.boundaries == "gumbel" else (0, 0)
   if cfg.shorten.endswith("linear"):
     params, flops = k * d * d + d, 2 * short * k * d * d
   if cfg.shorten.startswith("attention_"):
@@ -105,6 +108,8 @@ def _hourglass_parts(cfg: ModelConfig, length: int) -> list[Part]:
   ups = []
   for level, (num_pre, factor) in enumerate(hierarchy.levels):
     tokens = length // factor
+    if cfg.shorten == "dynamic" and level:  # the segment stream: max_segments positions, whatever the boundaries
+      tokens = max_segments(length, factor, cfg.segment_capacity)
     if level == hierarchy.depth:
       parts.append(Part(f"center@{factor}", factor, tokens, num_pre, *_stack(cfg, num_pre, tokens)))
       break

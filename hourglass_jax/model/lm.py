@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
+from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
 from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
@@ -15,7 +16,10 @@ def build_body(cfg: ModelConfig, name: str = "body"):
   """The reusable body module of `cfg.kind`, from the config's fields as plain keyword arguments."""
   options = cfg.layer_config.options()
   if cfg.kind in ("hourglass", "vanilla"):
-    return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample, **options, name=name)
+    return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample,
+                     boundaries=cfg.boundaries, segment_capacity=cfg.segment_capacity,
+                     gumbel_temperature=cfg.gumbel_temperature, boundary_loss_weight=cfg.boundary_loss_weight,
+                     **options, name=name)
   if cfg.kind == "topdown":
     return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
                    upsampler=cfg.upsampler, **options, name=name)
@@ -55,6 +59,10 @@ class HourglassLM(nn.Module):
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
     x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
-    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic)
+    if cfg.kind == "hourglass" and cfg.shorten == "dynamic" and cfg.boundaries == "whitespace":
+      boundaries_BxP = whitespace_boundaries(tokens_BxP, cfg.boundary_bytes.encode("latin-1"))
+      x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, boundaries_BxL=boundaries_BxP)
+    else:
+      x_BxPxD = build_body(cfg)(x_BxPxD, deterministic)
     logits_BxPxV = head(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

@@ -115,13 +115,17 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
     if step % cfg.train.log_every == 0 or step == total:
       loss, grad_norm, seconds = meter.flush()
       mfu = perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else float("nan")
+      extras = {name: values[name] for name in values if name not in _STEP_METRICS}
       bar.set_postfix_str(f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}, "
-                          f"{tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU {mfu:.1%}")
+                          + "".join(f"{name.rsplit('/', 1)[-1]} {value:.3g}, " for name, value in extras.items())
+                          + f"{tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU {mfu:.1%}")
       writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
                             "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
                             "train/update_norm": values["update_norm"],
                             "perf/tokens_per_second": tokens_per_step / seconds, "perf/step_time_s": seconds,
                             "perf/mfu": mfu})
+      # What the model reports beside the LM loss (auxiliary losses, sown metrics), from this step.
+      writer.scalars(step, {f"train/{name}": value for name, value in extras.items()})
 
   distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
   try:
@@ -182,6 +186,9 @@ def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) 
       generation.byte_prompts(prompt, 1, cfg.model.vocab_size), trainer.mesh, trainer.rules,
       max_new_tokens=cfg.train.sample_bytes, seed=cfg.train.seed, temperature=SAMPLE_TEMPERATURE)
   return prompt, generation.texts(b"", generated.tokens)[0]
+
+
+_STEP_METRICS = ("loss", "grad_norm", "update_norm", "learning_rate")
 
 
 def _divergence_message(step: int, values: dict, saved: int | None, resumed_from: int | None, checkpoints) -> str:

@@ -1,10 +1,14 @@
-"""The Hourglass model: the level notation (hierarchy.py), causal shortening and up-sampling (resampling.py) and the
-recursive body (body.py)."""
+"""The Hourglass model: the level notation (hierarchy.py), causal shortening and up-sampling (resampling.py), learned
+shortening (dynamic.py: segment ops; dynamic_level.py: the modules) and the recursive body (body.py)."""
 
 from hourglass_jax.model.hourglass.body import Hourglass
+from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES, whitespace_boundaries
+from hourglass_jax.model.hourglass.dynamic_level import (BOUNDARY_PREDICTORS, DynamicShorten, DynamicUpsample,
+                                                         Segments, max_segments)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.hourglass.resampling import (SHORTEN_METHODS, UPSAMPLE_METHODS, Shorten, Upsample,
                                                       shift_right)
 
-__all__ = ["SHORTEN_METHODS", "UPSAMPLE_METHODS", "Hierarchy", "Hourglass", "Shorten", "Upsample", "parse_hierarchy",
-           "shift_right"]
+__all__ = ["BOUNDARY_PREDICTORS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "WHITESPACE_BYTES", "DynamicShorten",
+           "DynamicUpsample", "Hierarchy", "Hourglass", "Segments", "Shorten", "Upsample", "max_segments",
+           "parse_hierarchy", "shift_right", "whitespace_boundaries"]

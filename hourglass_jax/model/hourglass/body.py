@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
+from hourglass_jax.model.hourglass.dynamic_level import DynamicShorten, DynamicUpsample
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import DecoderStack, pad_to
@@ -54,20 +55,28 @@ class Hourglass(LayerOptions):
   shorten: str = "attention_avg"
   upsample: str = "attention_repeat"
   outer_factor: int = 1
+  boundaries: str = "gumbel"
+  segment_capacity: float = 1.5
+  gumbel_temperature: float = 0.5
+  boundary_loss_weight: float = 1.0
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
     width `d_model`."""
     hierarchy = parse_hierarchy(self.hierarchy)
+    self._check_cacheable()
     self.check_cache_length(length, hierarchy.total_factor)
     return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length)
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
+  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None):
     hierarchy = parse_hierarchy(self.hierarchy)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     if cache is not None:
+      self._check_cacheable()
       return self._decode(hierarchy, options, x_BxLxD, cache, position)
+    if self.shorten == "dynamic" and hierarchy.depth:
+      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL)
     if not hierarchy.depth:
       return self._stack(hierarchy.levels[0][0], "layers", options)(x_BxLxD, deterministic)
     length = x_BxLxD.shape[1]
@@ -78,6 +87,28 @@ class Hourglass(LayerOptions):
     y_BxPxD = self._upsample(hierarchy, options)(z_BxQxD, x_BxPxD, deterministic)
     y_BxPxD = self._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
     return y_BxPxD[:, :length]
+
+  def _check_cacheable(self):
+    if self.shorten == "dynamic" and parse_hierarchy(self.hierarchy).depth:
+      raise ValueError("Hourglass(shorten='dynamic') has no cached decoding yet (issue 17); generate with a "
+                       "fixed-factor model (shorten='avg', 'linear' or 'attention_*'), or score whole sequences "
+                       "with the forward pass.")
+
+  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL):
+    """pre stack -> segments -> inner stack over them -> each position's last completed segment + x -> post."""
+    if hierarchy.depth != 1 or self.upsample != "repeat":
+      raise ValueError(f"Hourglass(shorten='dynamic') takes one shortened level and upsample='repeat' (each "
+                       f"position reads its last completed segment); got hierarchy={self.hierarchy!r}, "
+                       f"upsample={self.upsample!r}. Use e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+    k = hierarchy.relative_factor(0)
+    x_BxLxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
+    z_BxMxD, segments = DynamicShorten(
+        factor=k, boundaries=self.boundaries, segment_capacity=self.segment_capacity,
+        gumbel_temperature=self.gumbel_temperature, boundary_loss_weight=self.boundary_loss_weight, **options,
+        name="shorten")(x_BxLxD, deterministic, boundaries_BxL)
+    z_BxMxD = self._inner(hierarchy, options)(z_BxMxD, deterministic)
+    y_BxLxD = DynamicUpsample(**options, name="upsample")(z_BxMxD, segments, x_BxLxD)
+    return self._stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
 
   def _stack(self, num_layers: int, name: str, options):
     return DecoderStack(num_layers=num_layers, factor=self.outer_factor, **options, name=name)

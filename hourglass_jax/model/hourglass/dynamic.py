@@ -6,6 +6,10 @@ boundaries strictly before t (a cumulative sum, no host round-trip). A row holds
 segments: every position from segment M-1 on belongs to segment M-1, the merged tail, which is never read. Segment
 j < M-1 completes at its last position e_j (its boundary); position t reads the output of the last segment
 completed strictly before it, j = s_t - 1 (nothing while s_t = 0), so it depends only on positions < t.
+
+Learned boundaries get gradients as in Nawrot et al.: with straight-through decisions b (value 0/1, gradient of a
+soft decision), c_t = sum_{u<t} b_u has the value s_t, and each position's pooling and up-sampling weight is
+1 + (c_t - stop_gradient(c_t)): exactly 1, with d weight / d c_t = 1 (`straight_through_weights`).
 """
 
 import jax
@@ -32,6 +36,13 @@ def segment_ids(boundaries_BxL, max_segments: int):
   return jnp.minimum(jnp.cumsum(b_BxL, axis=1) - b_BxL, max_segments - 1)
 
 
+def straight_through_weights(boundaries_BxL):
+  """float32 [B, L] of ones whose gradient flows to the boundaries before each position (see the module doc)."""
+  b_BxL = boundaries_BxL.astype(jnp.float32)
+  c_BxL = jnp.cumsum(b_BxL, axis=1) - b_BxL
+  return 1.0 + (c_BxL - jax.lax.stop_gradient(c_BxL))
+
+
 def _segment_reduce(reduce, values_BxLx, ids_BxL, max_segments: int):
   """`reduce` (a jax.ops.segment_* op) of each row's values over its segment ids -> [B, M, ...]."""
   batch = ids_BxL.shape[0]
@@ -41,11 +52,15 @@ def _segment_reduce(reduce, values_BxLx, ids_BxL, max_segments: int):
   return out.reshape(batch, max_segments, *values_BxLx.shape[2:])
 
 
-def pool_segments(x_BxLxD, ids_BxL, max_segments: int):
-  """(z [B, M, D] the mean of each segment's vectors (zeros for an empty one), count [B, M] of its positions)."""
+def pool_segments(x_BxLxD, ids_BxL, max_segments: int, weights_BxL=None):
+  """(z [B, M, D] the mean of each segment's vectors (zeros for an empty one), count [B, M] of its positions).
+  `weights_BxL` (ones in value, `straight_through_weights`) make it the weighted mean, for their gradients."""
   count_BxM = _segment_reduce(jax.ops.segment_sum, jnp.ones(ids_BxL.shape, jnp.int32), ids_BxL, max_segments)
-  sum_BxMxD = _segment_reduce(jax.ops.segment_sum, x_BxLxD.astype(jnp.float32), ids_BxL, max_segments)
-  z_BxMxD = sum_BxMxD / jnp.maximum(count_BxM, 1)[..., None]
+  w_BxL = jnp.ones(ids_BxL.shape, jnp.float32) if weights_BxL is None else weights_BxL.astype(jnp.float32)
+  sum_BxMxD = _segment_reduce(jax.ops.segment_sum, x_BxLxD.astype(jnp.float32) * w_BxL[..., None], ids_BxL,
+                              max_segments)
+  weight_BxM = _segment_reduce(jax.ops.segment_sum, w_BxL, ids_BxL, max_segments)
+  z_BxMxD = sum_BxMxD / jnp.where(count_BxM > 0, weight_BxM, 1.0)[..., None]
   return z_BxMxD.astype(x_BxLxD.dtype), count_BxM
 
 
@@ -59,9 +74,11 @@ def segment_ends(boundaries_BxL, ids_BxL, max_segments: int):
   return jnp.where(completed_BxM, end_BxM, length), completed_BxM
 
 
-def upsample_segments(y_BxMxD, ids_BxL):
+def upsample_segments(y_BxMxD, ids_BxL, weights_BxL=None):
   """[B, L, D]: position t gets y[s_t - 1], the output of the last segment completed strictly before t (zeros
-  while s_t = 0)."""
+  while s_t = 0), times `weights_BxL` when given (ones in value, for their gradients)."""
   read_BxL = ids_BxL - 1
   rows_BxLxD = jnp.take_along_axis(y_BxMxD, jnp.maximum(read_BxL, 0)[..., None], axis=1)
+  if weights_BxL is not None:
+    rows_BxLxD = rows_BxLxD * weights_BxL[..., None].astype(rows_BxLxD.dtype)
   return jnp.where((read_BxL >= 0)[..., None], rows_BxLxD, 0).astype(y_BxMxD.dtype)

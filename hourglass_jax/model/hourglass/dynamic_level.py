@@ -1,0 +1,132 @@
+"""A dynamically shortened Hourglass level's resampling (dynamic token pooling, Nawrot et al. 2023): boundary
+decisions -> segments -> their means (`DynamicShorten`), and each position's last completed segment back
+(`DynamicUpsample`). The segment ops and their causality argument are in dynamic.py.
+
+Predictors ('boundaries'): 'whitespace' takes the decisions from outside (`whitespace_boundaries` of the bytes);
+'gumbel' learns them from the level's stream with a binomial prior toward the target rate 1/factor.
+"""
+
+import math
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import gammaln
+
+from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ids, straight_through_weights,
+                                                   upsample_segments)
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
+from hourglass_jax.model.layers import dense, layer_norm
+
+BOUNDARY_PREDICTORS = ("whitespace", "gumbel")
+
+
+def max_segments(length: int, factor: int, capacity: float) -> int:
+  """Segments a row of `length` keeps: room for `capacity` times the target count length/factor (never more than
+  one per position), plus the merged tail that takes every position past them."""
+  return min(length, math.ceil(capacity * length / factor)) + 1
+
+
+def binomial_prior_loss(boundaries_BxL, rate: float):
+  """-log Binomial(sum_t b_t; L, rate) / L, averaged over rows: Nawrot et al.'s prior toward `rate` (b may carry
+  straight-through gradients; the log-pmf is smooth in its count)."""
+  length = boundaries_BxL.shape[1]
+  count_B = boundaries_BxL.astype(jnp.float32).sum(axis=1)
+  log_pmf_B = (gammaln(length + 1.0) - gammaln(count_B + 1.0) - gammaln(length - count_B + 1.0)
+               + count_B * math.log(rate) + (length - count_B) * math.log1p(-rate))
+  return -log_pmf_B.mean() / length
+
+
+class GumbelBoundaries(nn.Module):
+  """x [B, L, D] -> straight-through boundaries [B, L] (value 0/1): an MLP's logit at each position; in training a
+  relaxed Bernoulli (Gumbel-sigmoid) sample at `temperature` thresholded at 1/2 (rng 'dropout'), in evaluation
+  sigmoid(logit) > 1/2. The logit's bias starts at log-odds(1/factor), so training starts at the target rate."""
+  cfg: LayerConfig
+  factor: int
+  temperature: float
+
+  @nn.compact
+  def __call__(self, x_BxLxD, deterministic: bool):
+    hidden_BxLxD = nn.relu(dense(self.cfg, x_BxLxD.shape[-1], ("embed", "mlp"), "hidden")(x_BxLxD))
+    rate = 1.0 / self.factor
+    logit_BxL = nn.Dense(1, dtype=jnp.float32, name="logit",
+                         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("mlp", None)),
+                         bias_init=nn.with_logical_partitioning(nn.initializers.constant(math.log(rate / (1 - rate))),
+                                                                (None,)))(hidden_BxLxD)[..., 0]
+    if deterministic:
+      return (logit_BxL > 0).astype(jnp.float32)
+    uniform_BxL = jax.random.uniform(self.make_rng("dropout"), logit_BxL.shape, minval=1e-6, maxval=1 - 1e-6)
+    soft_BxL = nn.sigmoid((logit_BxL + jnp.log(uniform_BxL) - jnp.log1p(-uniform_BxL)) / self.temperature)
+    hard_BxL = (soft_BxL > 0.5).astype(jnp.float32)
+    return hard_BxL + soft_BxL - jax.lax.stop_gradient(soft_BxL)
+
+
+class Segments(NamedTuple):
+  """What up-sampling needs of a shortening: each position's segment id and straight-through weight."""
+  ids_BxL: jax.Array
+  weights_BxL: jax.Array
+
+
+def _check_dynamic(module) -> None:
+  name = type(module).__name__
+  check_choice(f"{name}.boundaries", module.boundaries, BOUNDARY_PREDICTORS)
+  check_int(f"{name}.factor", module.factor, 2)
+  for field in ("segment_capacity", "gumbel_temperature"):
+    if not float(getattr(module, field)) > 0:
+      raise ValueError(f"{name}.{field}={getattr(module, field)!r} must be > 0.")
+  if not float(module.boundary_loss_weight) >= 0:
+    raise ValueError(f"{name}.boundary_loss_weight={module.boundary_loss_weight!r} must be >= 0.")
+
+
+class DynamicShorten(LayerOptions):
+  """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at boundaries predicted by
+  `boundaries` ('gumbel'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace'). `factor` is the target
+  average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2 share the
+  merged tail M-1, which no position reads.
+
+  Sows into 'losses' the boundary prior times `boundary_loss_weight` ('gumbel'), and into 'metrics' the realised
+  'shortening_rate' (positions per boundary), 'boundary_rate' and 'segment_overflow' (the fraction of positions in
+  the merged tail: raise segment_capacity when it is not ~0). Apply with mutable=['losses', 'metrics'] to read them.
+  """
+  factor: int = 4
+  boundaries: str = "gumbel"
+  segment_capacity: float = 1.5
+  gumbel_temperature: float = 0.5
+  boundary_loss_weight: float = 1.0
+
+  @nn.compact
+  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None):
+    _check_dynamic(self)
+    cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
+    if self.boundaries == "whitespace":
+      if boundaries_BxL is None or boundaries_BxL.shape != x_BxLxD.shape[:2]:
+        raise ValueError(f"DynamicShorten(boundaries='whitespace') needs boundaries_BxL of shape "
+                         f"{x_BxLxD.shape[:2]} (got {None if boundaries_BxL is None else boundaries_BxL.shape}); "
+                         "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
+      b_BxL = boundaries_BxL.astype(jnp.float32)
+    else:
+      b_BxL = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxLxD, deterministic)
+      self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
+    hard_BxL = b_BxL > 0.5
+    self.sow("intermediates", "boundaries", hard_BxL)
+    num_segments = max_segments(length, self.factor, self.segment_capacity)
+    ids_BxL = segment_ids(hard_BxL, num_segments)
+    weights_BxL = straight_through_weights(b_BxL)
+    z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, weights_BxL)
+    boundary_rate = hard_BxL.mean()
+    self.sow("metrics", "boundary_rate", boundary_rate)
+    self.sow("metrics", "shortening_rate", 1.0 / jnp.maximum(boundary_rate, 1.0 / length))
+    self.sow("metrics", "segment_overflow", (ids_BxL == num_segments - 1).mean())
+    return z_BxMxD, Segments(ids_BxL, weights_BxL)
+
+
+class DynamicUpsample(LayerOptions):
+  """Segment outputs y [B, M, D], `Segments` and the residual r [B, L, D] -> LayerNorm(u) + r, where u[t] is the
+  output of the last segment completed strictly before t (zeros before the first boundary)."""
+
+  @nn.compact
+  def __call__(self, y_BxMxD, segments: Segments, r_BxLxD):
+    cfg = self.layer_config(r_BxLxD.shape[-1])
+    u_BxLxD = upsample_segments(y_BxMxD, segments.ids_BxL, segments.weights_BxL)
+    return layer_norm(cfg, "output_norm")(u_BxLxD) + r_BxLxD

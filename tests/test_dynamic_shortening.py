@@ -1,0 +1,152 @@
+"""shorten='dynamic' in the model: exact causality by perturbation for every predictor and position scheme (in
+evaluation and, for 'gumbel', with training noise), gradients reaching the learned predictor through the
+straight-through segments, the boundary prior in the train step's loss and metrics, and clear errors."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax import sharding
+from hourglass_jax.model import ModelConfig, build_model, counting
+from hourglass_jax.model.decode import init_cache
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
+from hourglass_jax.testing import causality_violations, random_variables
+from hourglass_jax.train.trainer import Trainer
+from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, load_config,  # noqa: F401  (quick_compiles: autouse)
+                           quick_compiles, small_config, tiny_config)
+
+DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat")
+
+
+def sown(model, variables, tokens, **kwargs):
+  """What the model sowed ({'losses': ..., 'metrics': ...}) for `tokens`."""
+  return model.apply(variables, tokens, mutable=["losses", "metrics"], **kwargs)[1]
+
+
+def mixed_variables(model, length: int, **kwargs):
+  """Random variables (the first of a fixed series of draws) under which a random sequence closes some segments
+  and leaves others open: otherwise a causality check of the segments tests nothing."""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (1, length)), jnp.int32)
+  for seed in range(20):
+    variables = random_variables(model, tokens, seed=seed)
+    rate = float(sown(model, variables, tokens, **kwargs)["metrics"]["body"]["shorten"]["boundary_rate"][0])
+    if 0.1 < rate < 0.9:
+      return variables
+  raise AssertionError("no draw of variables gives a mixed boundary rate")
+
+
+CASES = [(boundaries, length, position) for boundaries in ("whitespace", "gumbel") for length in LENGTHS
+         for position in ("rope", "relative")]
+QUICK = {("whitespace", 12, "rope"), ("gumbel", 11, "relative")}  # the rest run in the full suite
+
+
+@pytest.mark.parametrize("boundaries, length, position",
+                         [case if case in QUICK else pytest.param(*case, marks=pytest.mark.slow) for case in CASES])
+def test_dynamic_shortening_is_causal(boundaries, length, position):
+  model = build_model(small_config(**DYNAMIC, boundaries=boundaries, position=position))
+  variables = mixed_variables(model, length)
+  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+                                  batch_size=BATCH)
+  assert not problems, problems[:3]
+
+
+def test_segments_past_the_capacity_stay_causal():
+  """segment_capacity 0.5 keeps 3 segments of a 12-token row: later positions share the merged tail."""
+  cfg = small_config(**DYNAMIC, boundaries="whitespace", segment_capacity=0.5)
+  model = build_model(cfg)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 12)), jnp.int32)
+  assert float(sown(model, random_variables(model, tokens), tokens)["metrics"]["body"]["shorten"]
+               ["segment_overflow"][0]) > 0
+  assert_causal(cfg, 12)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_gumbel_boundaries_are_causal_with_training_noise(length):
+  """In training the relaxed Bernoulli noise decides boundaries; every row draws the same noise here, so the
+  perturbed rows compare with the first one."""
+  cfg = small_config(**DYNAMIC, boundaries="gumbel")
+  model = build_model(cfg)
+  key = jax.random.key(3)
+  variables = mixed_variables(model, length, deterministic=False, rngs={"dropout": key})
+
+  def apply_one(tokens_L):
+    return model.apply(variables, tokens_L[None], deterministic=False, rngs={"dropout": key})[0]
+
+  problems = causality_violations(jax.vmap(apply_one), length, SMALL["vocab_size"], batch_size=BATCH)
+  assert not problems, problems[:3]
+
+
+def test_the_predictor_learns_from_the_language_model_loss():
+  """The straight-through segment weights carry the LM loss's gradient to the boundary MLP (prior loss off)."""
+  cfg = small_config(**DYNAMIC, boundaries="gumbel", boundary_loss_weight=0.0)
+  model = build_model(cfg)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)), jnp.int32)
+  params = nn.meta.unbox(random_variables(model, tokens))["params"]
+
+  def lm_loss(params):
+    logits = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(0)})
+    return -jax.nn.log_softmax(logits)[..., 0].mean()
+
+  grads = jax.jit(jax.grad(lm_loss))(params)["body"]["shorten"]["predictor"]
+  assert float(jnp.abs(grads["hidden"]["kernel"]).max()) > 1e-6
+  assert float(jnp.abs(grads["logit"]["bias"]).max()) > 1e-6
+
+
+def test_the_train_step_adds_the_boundary_prior_and_reports_the_rates():
+  cfg = tiny_config(model=dict(dropout=0.0, kind="hourglass", **DYNAMIC, boundaries="gumbel"), mesh=dict(data=1))
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  trainer = Trainer(cfg, mesh)
+  with jax.set_mesh(mesh):
+    state = trainer.init_state()
+    batch = trainer.global_array(next(trainer.train_iterator()))
+    _, metrics = trainer.train_step(state, batch)
+  metrics = {name: float(value) for name, value in metrics.items()}
+  assert metrics["aux_loss"] > 0
+  assert 1.0 <= metrics["body/shorten/shortening_rate"] <= cfg.data.seq_len
+  assert 0.0 <= metrics["body/shorten/segment_overflow"] < 1.0
+  # 'loss' is the LM loss alone: about ln(256) at initialisation, whatever the prior adds to the gradient.
+  assert abs(metrics["loss"] - np.log(256)) < 0.5
+
+
+def test_only_models_that_sow_losses_report_an_auxiliary_loss():
+  cfg = tiny_config(mesh=dict(data=1))
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  trainer = Trainer(cfg, mesh)
+  with jax.set_mesh(mesh):
+    _, metrics = trainer.train_step(trainer.init_state(), trainer.global_array(next(trainer.train_iterator())))
+  assert set(metrics) == {"loss", "grad_norm", "update_norm", "learning_rate"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hierarchy="1@1 1@2 1@4 1@2 1@1"), "one shortened level"),
+    (dict(upsample="attention_repeat"), "upsample='repeat'"),
+    (dict(boundaries="spaces"), "model.boundaries='spaces' is not supported"),
+    (dict(boundary_bytes=""), "boundary_bytes"),
+    (dict(boundary_bytes="\u2014"), "boundary_bytes"),
+    (dict(segment_capacity=0.0), "segment_capacity"),
+    (dict(gumbel_temperature=-1.0), "gumbel_temperature"),
+    (dict(boundary_loss_weight=-1.0), "boundary_loss_weight"),
+])
+def test_bad_dynamic_settings_are_named(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    small_config(**dict(DYNAMIC, **overrides))
+
+
+def test_decoding_a_dynamic_model_is_refused_clearly():
+  cfg = small_config(**DYNAMIC, boundaries="whitespace")
+  model = build_model(cfg)
+  params = random_variables(model, jnp.zeros((1, 12), jnp.int32))["params"]
+  with pytest.raises(ValueError, match="no cached decoding yet"):
+    init_cache(cfg, 1, 12, params)
+
+
+@pytest.mark.parametrize("name, params", [("dynamic", 1.6e6), ("enwik8_dynamic", 38e6)])
+@pytest.mark.parametrize("predictor", BOUNDARY_PREDICTORS)
+def test_each_predictor_has_a_cpu_and_an_enwik8_preset(name, params, predictor):
+  cfg = ModelConfig.from_dict(load_config(name, predictor).model)
+  assert (cfg.shorten, cfg.upsample, cfg.boundaries) == ("dynamic", "repeat", predictor)
+  assert 1.0 <= counting.total_params(cfg) / params < 1.1
+  with pytest.raises(ValueError, match=f"configs/{name}.py: unknown boundary predictor 'spaces'"):
+    load_config(name, "spaces")
