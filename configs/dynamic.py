@@ -1,0 +1,20 @@
+"""Learned shortening on one CPU: a small Hourglass whose shortened level pools segments with dynamic boundaries
+(dynamic token pooling, Nawrot et al. 2023) on the embedded text corpus; minutes on a laptop.
+
+    hourglass-train --config=configs/dynamic.py:gumbel --workdir=/tmp/dynamic   (or :whitespace)
+
+'gumbel' learns where segments close (target: one boundary per 4 bytes); 'whitespace' closes one after each space,
+newline or punctuation byte (about one per 4.2 bytes of English). The model section documents the fields."""
+
+from hourglass_jax.config.base import base_config
+from hourglass_jax.config.dynamic import with_dynamic_shortening
+
+
+def get_config(predictor: str = "gumbel"):
+  cfg = base_config()
+  cfg.model.update(vocab_size=256, d_model=128, num_heads=4, d_ff=512, hierarchy="2@1 4@4 2@1", dropout=0.0,
+                   segment_capacity=1.5)
+  cfg.data.update(name="stdlib_text", seq_len=256, batch_size=16, eval_batches=20)
+  cfg.train.update(steps=2_000, learning_rate=1e-3, warmup_steps=100, log_every=50, eval_every=500)
+  cfg.checkpoint.update(every_steps=500)
+  return with_dynamic_shortening(cfg, predictor, "dynamic")

@@ -1,0 +1,25 @@
+"""enwik8 with learned shortening: the enwik8 preset's data, schedule and width, with a 2@1 8@4 2@1 hierarchy
+whose shortened level pools dynamic segments (Nawrot et al. 2023 train a 2-8-2 layer model of this width).
+
+    hourglass-train --config=configs/enwik8_dynamic.py:gumbel --workdir=...   (or :whitespace)
+
+Our preset, not a reproduction of their runs; configs/dynamic.py explains the predictors."""
+
+import importlib.util
+import pathlib
+
+from hourglass_jax.config.dynamic import with_dynamic_shortening
+
+
+def _enwik8_config():
+  """configs/enwik8.py's settings (config files are loaded by path, not imported as a package)."""
+  spec = importlib.util.spec_from_file_location("enwik8", pathlib.Path(__file__).with_name("enwik8.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def get_config(predictor: str = "gumbel"):
+  cfg = _enwik8_config()
+  cfg.model.update(hierarchy="2@1 8@4 2@1", dropout=0.1, segment_capacity=1.5)
+  return with_dynamic_shortening(cfg, predictor, "enwik8_dynamic")
