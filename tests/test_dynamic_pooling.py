@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ends, segment_ids, upsample_segments,
+from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ends, segment_ids, straight_through_weights,
+                                                   upsample_segments,
                                                    whitespace_boundaries)
 
 RNG = np.random.default_rng(0)
@@ -81,3 +82,21 @@ def test_whitespace_boundaries_close_words():
 def test_max_segments_below_two_is_refused():
   with pytest.raises(ValueError, match="max_segments=1 must be an integer >= 2"):
     segment_ids(jnp.zeros((1, 4), bool), 1)
+
+
+def test_a_batch_sharded_over_devices_needs_no_communication():
+  """Segment sums run per row, so a data-parallel batch pools and up-samples without any collective."""
+  mesh = jax.make_mesh((len(jax.devices()),), ("data",))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  batch = 2 * len(jax.devices())
+
+  def shorten_and_back(x_BxLxD, b_BxL):
+    ids = segment_ids(b_BxL, 9)
+    z, _ = pool_segments(x_BxLxD, ids, 9, straight_through_weights(b_BxL))
+    return upsample_segments(z, ids, straight_through_weights(b_BxL))
+
+  program = jax.jit(shorten_and_back, in_shardings=(rows, rows), out_shardings=rows).lower(
+      jax.ShapeDtypeStruct((batch, 32, 8), jnp.float32), jax.ShapeDtypeStruct((batch, 32), jnp.bool_)).compile()
+  assert len(jax.devices()) > 1
+  assert not [op for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute")
+              if op in program.as_text()]

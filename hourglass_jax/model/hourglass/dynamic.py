@@ -44,12 +44,9 @@ def straight_through_weights(boundaries_BxL):
 
 
 def _segment_reduce(reduce, values_BxLx, ids_BxL, max_segments: int):
-  """`reduce` (a jax.ops.segment_* op) of each row's values over its segment ids -> [B, M, ...]."""
-  batch = ids_BxL.shape[0]
-  flat_ids = (ids_BxL + max_segments * jnp.arange(batch)[:, None]).reshape(-1)
-  flat = values_BxLx.reshape(flat_ids.shape[0], *values_BxLx.shape[2:])
-  out = reduce(flat, flat_ids, num_segments=batch * max_segments)
-  return out.reshape(batch, max_segments, *values_BxLx.shape[2:])
+  """`reduce` (a jax.ops.segment_* op) of each row's values over its segment ids -> [B, M, ...]. Mapped over
+  rows (a scatter with a batch dimension), so a batch sharded over devices stays sharded."""
+  return jax.vmap(lambda values, ids: reduce(values, ids, num_segments=max_segments))(values_BxLx, ids_BxL)
 
 
 def pool_segments(x_BxLxD, ids_BxL, max_segments: int, weights_BxL=None):
