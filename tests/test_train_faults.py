@@ -51,6 +51,7 @@ def test_a_second_ctrl_c_aborts_at_once():
   script = """
 import os, signal
 from hourglass_jax.train.preemption import StopSignals
+before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN when launched in the background
 with StopSignals(log=print) as signals:
   os.kill(os.getpid(), signal.SIGINT)
   print("requested", signals.requested)
@@ -59,7 +60,7 @@ with StopSignals(log=print) as signals:
     print("not aborted")
   except KeyboardInterrupt:
     print("aborted")
-print("restored", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+print("restored", signal.getsignal(signal.SIGINT) is before)
 """
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                        env=command_env(1))
