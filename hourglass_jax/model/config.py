@@ -8,7 +8,7 @@ from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIE
                                               DerivedLayerSettings, LayerConfig, check_choice, check_int,
                                               check_layer_settings, check_types)
 from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
-from hourglass_jax.model.hourglass.dynamic_level import BOUNDARY_PREDICTORS
+from hourglass_jax.model.hourglass.dynamic_level import check_dynamic_level, check_dynamic_settings
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
@@ -88,23 +88,17 @@ class ModelConfig(DerivedLayerSettings):
                        "e.g. '2@1 4@3 2@1'.")
     if self.kind in MULTISCALE_KINDS:
       _ = self.parsed_scales  # raises on malformed multi-scale fields
-    if self.kind == "hourglass" and self.shorten == DYNAMIC:
-      self._check_dynamic(hierarchy)
+    if self.dynamic:
+      check_dynamic_settings(self, "model.")
+      check_dynamic_level(hierarchy, self.upsample, "model.shorten='dynamic'")
+      if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
+        raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
+                         "(characters 0-255), e.g. ' \\n.,'.")
 
-  def _check_dynamic(self, hierarchy: Hierarchy) -> None:
-    check_choice("model.boundaries", self.boundaries, BOUNDARY_PREDICTORS)
-    if hierarchy.depth != 1 or self.upsample != "repeat":
-      raise ValueError(f"model.shorten='dynamic' takes one shortened level and model.upsample='repeat' (each "
-                       f"position reads its last completed segment); got hierarchy={self.hierarchy!r}, "
-                       f"upsample={self.upsample!r}. Use e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
-    if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
-      raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
-                       "(characters 0-255), e.g. ' \\n.,'.")
-    for name in ("segment_capacity", "gumbel_temperature"):
-      if not float(getattr(self, name)) > 0:
-        raise ValueError(f"model.{name}={getattr(self, name)!r} must be > 0.")
-    if not float(self.boundary_loss_weight) >= 0:
-      raise ValueError(f"model.boundary_loss_weight={self.boundary_loss_weight!r} must be >= 0.")
+  @property
+  def dynamic(self) -> bool:
+    """An Hourglass with a learned (or given) segment level: shorten='dynamic'."""
+    return self.kind == "hourglass" and self.shorten == DYNAMIC
 
   @property
   def parsed_scales(self) -> MultiScale:

@@ -59,10 +59,9 @@ class HourglassLM(nn.Module):
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
     x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
-    if cfg.kind == "hourglass" and cfg.shorten == "dynamic" and cfg.boundaries == "whitespace":
-      boundaries_BxP = whitespace_boundaries(tokens_BxP, cfg.boundary_bytes.encode("latin-1"))
-      x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, boundaries_BxL=boundaries_BxP)
-    else:
-      x_BxPxD = build_body(cfg)(x_BxPxD, deterministic)
+    given = {}  # boundaries a dynamic level takes from the bytes rather than predicts
+    if cfg.dynamic and cfg.boundaries == "whitespace":
+      given["boundaries_BxL"] = whitespace_boundaries(tokens_BxP, cfg.boundary_bytes.encode("latin-1"))
+    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, **given)
     logits_BxPxV = head(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic_level import DynamicShorten, DynamicUpsample
+from hourglass_jax.model.hourglass.dynamic_level import DynamicShorten, DynamicUpsample, check_dynamic_level
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import DecoderStack, pad_to
@@ -96,10 +96,7 @@ class Hourglass(LayerOptions):
 
   def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL):
     """pre stack -> segments -> inner stack over them -> each position's last completed segment + x -> post."""
-    if hierarchy.depth != 1 or self.upsample != "repeat":
-      raise ValueError(f"Hourglass(shorten='dynamic') takes one shortened level and upsample='repeat' (each "
-                       f"position reads its last completed segment); got hierarchy={self.hierarchy!r}, "
-                       f"upsample={self.upsample!r}. Use e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+    check_dynamic_level(hierarchy, self.upsample, "Hourglass(shorten='dynamic')")
     k = hierarchy.relative_factor(0)
     x_BxLxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
     z_BxMxD, segments = DynamicShorten(

@@ -68,15 +68,23 @@ class Segments(NamedTuple):
   weights_BxL: jax.Array
 
 
-def _check_dynamic(module) -> None:
-  name = type(module).__name__
-  check_choice(f"{name}.boundaries", module.boundaries, BOUNDARY_PREDICTORS)
-  check_int(f"{name}.factor", module.factor, 2)
+def check_dynamic_settings(s, prefix: str) -> None:
+  """The predictor settings of `s` (DynamicShorten, Hourglass or ModelConfig); `prefix` names their owner."""
+  check_choice(f"{prefix}boundaries", s.boundaries, BOUNDARY_PREDICTORS)
   for field in ("segment_capacity", "gumbel_temperature"):
-    if not float(getattr(module, field)) > 0:
-      raise ValueError(f"{name}.{field}={getattr(module, field)!r} must be > 0.")
-  if not float(module.boundary_loss_weight) >= 0:
-    raise ValueError(f"{name}.boundary_loss_weight={module.boundary_loss_weight!r} must be >= 0.")
+    if not float(getattr(s, field)) > 0:
+      raise ValueError(f"{prefix}{field}={getattr(s, field)!r} must be > 0.")
+  if not float(s.boundary_loss_weight) >= 0:
+    raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be >= 0.")
+
+
+def check_dynamic_level(hierarchy, upsample: str, owner: str) -> None:
+  """A dynamic level is the one shortened level of `hierarchy`, up-sampled by 'repeat'; `owner` names the caller
+  ("model.shorten='dynamic'", "Hourglass(shorten='dynamic')")."""
+  if hierarchy.depth != 1 or upsample != "repeat":
+    raise ValueError(f"{owner} takes one shortened level and upsample='repeat' (each position reads its last "
+                     f"completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use e.g. "
+                     "hierarchy='2@1 8@4 2@1', upsample='repeat'.")
 
 
 class DynamicShorten(LayerOptions):
@@ -97,7 +105,8 @@ class DynamicShorten(LayerOptions):
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None):
-    _check_dynamic(self)
+    check_dynamic_settings(self, "DynamicShorten.")
+    check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
     if self.boundaries == "whitespace":
       if boundaries_BxL is None or boundaries_BxL.shape != x_BxLxD.shape[:2]:
