@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks import common, dynamic_step, learning, throughput
+from benchmarks import common, dynamic_decode, dynamic_step, learning, throughput
 from benchmarks.peer_compare import Worker
 
 TINY = "d_model=32,num_heads=4,d_ff=64,dropout=0.0"
@@ -34,6 +34,20 @@ def test_dynamic_step_benchmark_times_each_predictor_against_the_fixed_level(tmp
   assert record["rows"]["fixed_avg_k4"]["vs_fixed"] == 1.0
   assert all(row["median_step_s"] > 0 for row in record["rows"].values())
   assert json.loads((tmp_path / "dynamic_step.json").read_text())[-1]["load_during"]
+
+
+@pytest.mark.slow
+def test_dynamic_decode_benchmark_matches_the_gumbel_rate_and_times_each_predictor(tmp_path):
+  record = dynamic_decode.main(["--rounds", "1", "--batches", "1,2", "--prompt", "8", "--steps", "64", "--model",
+                                TINY + ",hierarchy=1@1 1@4 1@1", "--results", str(tmp_path)])
+  rows = record["rows"]
+  assert set(rows) == {f"{name}_batch{b}" for name in ("fixed_avg_k4", "dynamic_whitespace", "dynamic_gumbel")
+                       for b in (1, 2)}
+  assert rows["fixed_avg_k4_batch1"]["time_vs_fixed"] == 1.0 and rows["fixed_avg_k4_batch2"]["center_steps"] == 0.25
+  assert abs(rows["dynamic_gumbel_batch2"]["boundary_rate"] - 0.25) < 0.05  # the bias was matched to 1/k
+  assert rows["dynamic_whitespace_batch2"]["center_steps"] >= rows["dynamic_whitespace_batch2"]["boundary_rate"]
+  assert all(row["tokens_per_s"] > 0 for row in rows.values())
+  assert json.loads((tmp_path / "dynamic_decode.json").read_text())[-1]["load_during"]
 
 
 def test_equal_flop_budget_gives_the_cheaper_model_more_steps():

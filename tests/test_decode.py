@@ -16,6 +16,7 @@ from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 from hourglass_jax.testing import random_variables
 from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
 
@@ -42,9 +43,20 @@ def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
 
 @functools.cache
 def model_and_params(cfg):
+  """Random variables; for a learned boundary predictor the first draw under which TOKENS close some segments and
+  leave others open in evaluation (otherwise a dynamic case would test no segment at all)."""
   model = build_model(cfg)
-  variables = random_variables(model, jnp.zeros((1, LENGTH), jnp.int32))
-  return model, decode.unbox_params(variables)
+  for seed in range(20):
+    variables = random_variables(model, jnp.zeros((1, LENGTH), jnp.int32), seed=seed)
+    if not (cfg.dynamic and cfg.boundaries == "gumbel") or 0.1 < eval_boundaries(model, variables).mean() < 0.9:
+      return model, decode.unbox_params(variables)
+  raise AssertionError(f"no draw of variables gives {describe(cfg)} a mixed boundary rate")
+
+
+def eval_boundaries(model, variables):
+  """bool [BATCH, LENGTH]: the dynamic level's boundary decisions on TOKENS in evaluation."""
+  _, sown = model.apply(variables, TOKENS, mutable=["intermediates"])
+  return np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])
 
 
 # Compiled programs stay alive while their jitted function does, and each maps hundreds of memory regions: an
@@ -127,6 +139,42 @@ def test_vanilla_decoding_matches_forward(position):
 def test_other_hierarchies_decoding_matches_forward(hierarchy):
   assert_decoding_matches_forward(small_config(hierarchy=hierarchy, shorten="attention_linear",
                                                upsample="attention_linear"))
+
+
+DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
+DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p) for b in BOUNDARY_PREDICTORS
+                 for p in ("rope", "relative")]
+DYNAMIC_QUICK = {0, 3}  # whitespace/rope, gumbel/relative; the rest run in the full suite
+
+
+@pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))
+                                  for i, cfg in enumerate(DYNAMIC_CASES)])
+def test_dynamic_decoding_matches_forward(case):
+  """The rows of TOKENS close their segments at different steps, so each step runs the shortened level for some
+  rows and not others."""
+  cfg = DYNAMIC_CASES[case]
+  boundaries_BxL = eval_boundaries(*model_and_params(cfg)[:1], {"params": model_and_params(cfg)[1]})
+  assert 0 < boundaries_BxL.mean() < 1 and len({row.tobytes() for row in boundaries_BxL}) > 1
+  assert_decoding_matches_forward(cfg, case)
+
+
+def test_dynamic_decoding_past_the_segment_capacity_matches_forward():
+  """segment_capacity 0.5 keeps 3 segments of the 12-position cache: most rows fill them and go on in the merged
+  tail, whose tokens read the last completed segment and close nothing."""
+  cfg = small_config(**DYNAMIC, boundaries="whitespace", segment_capacity=0.5)
+  model, params = model_and_params(cfg)
+  closed_B = eval_boundaries(model, {"params": params}).sum(axis=1)
+  assert (closed_B > 2).mean() > 0.5 and (closed_B <= 2).any()
+  assert_decoding_matches_forward(cfg)
+
+
+def test_dynamic_greedy_generation_matches_repeated_full_forwards():
+  cfg = DYNAMIC_CASES[3]
+  _, params = model_and_params(cfg)
+  prompt_len = prompt_lengths(cfg, 3)[0]  # the parity test's prefill, compiled already
+  cached = sampling.generate(params, cfg, TOKENS[:, :prompt_len], max_new_tokens=LENGTH - prompt_len, rng=0,
+                             temperature=0.0)
+  np.testing.assert_array_equal(cached, greedy_by_full_forward(cfg, 3, params, prompt_len))
 
 
 def multiscale_config(fields, **overrides):

@@ -10,7 +10,6 @@ import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.model import ModelConfig, build_model, counting
-from hourglass_jax.model.decode import init_cache
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 from hourglass_jax.testing import causality_violations, random_variables
 from hourglass_jax.train.trainer import Trainer
@@ -132,14 +131,6 @@ def test_only_models_that_sow_losses_report_an_auxiliary_loss():
 def test_bad_dynamic_settings_are_named(overrides, message):
   with pytest.raises(ValueError, match=message):
     small_config(**dict(DYNAMIC, **overrides))
-
-
-def test_decoding_a_dynamic_model_is_refused_clearly():
-  cfg = small_config(**DYNAMIC, boundaries="whitespace")
-  model = build_model(cfg)
-  params = random_variables(model, jnp.zeros((1, 12), jnp.int32))["params"]
-  with pytest.raises(ValueError, match="no cached decoding yet"):
-    init_cache(cfg, 1, 12, params)
 
 
 @pytest.mark.parametrize("name, params", [("dynamic", 1.6e6), ("enwik8_dynamic", 38e6)])

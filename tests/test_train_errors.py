@@ -32,8 +32,6 @@ from tests.helpers import run, tiny_config, train_command
     (dict(train=dict(eps=float("nan"))), None, r"train.eps=nan must be a finite number"),
     (dict(train=dict(grad_clip_norm=float("-inf"))), None, r"train.grad_clip_norm=-inf must be a finite number"),
     (dict(train=dict(min_lr_ratio=2.0)), None, r"train.min_lr_ratio=2.0 must be in \[0, 1\]"),
-    (dict(model=dict(kind="hourglass", hierarchy="1@1 1@3 1@1", shorten="dynamic", upsample="repeat"),
-          train=dict(sample_bytes=16)), None, r"model.shorten='dynamic' does not have yet; set train.sample_bytes=0"),
 ])
 def test_bad_settings_raise_before_compiling(sections, mesh_cfg, message):
   cfg = tiny_config(**sections)

@@ -78,10 +78,6 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   _positive("checkpoint", cfg.checkpoint, "keep")
   _positive("checkpoint", cfg.checkpoint, "every_steps", allow_zero=True)
   _positive("data", cfg.data, "eval_batches", allow_zero=True)
-  model = cfg.model
-  if train.sample_bytes and model.get("kind") == "hourglass" and model.get("shorten") == "dynamic":
-    raise ValueError(f"train.sample_bytes={train.sample_bytes} samples at the end with cached decoding, which "
-                     "model.shorten='dynamic' does not have yet; set train.sample_bytes=0.")
   if cfg.data.batch_size % train.grad_accum_steps:
     raise ValueError(f"data.batch_size={cfg.data.batch_size} is not divisible by train.grad_accum_steps="
                      f"{train.grad_accum_steps}; each micro-batch must have the same size.")

@@ -9,10 +9,13 @@ once every F tokens.
 """
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic_level import DynamicShorten, DynamicUpsample, check_dynamic_level
+from hourglass_jax.model.hourglass.dynamic_cache import add_token, new_segment_state, prefill_segments, take_rows
+from hourglass_jax.model.hourglass.dynamic_level import (DynamicShorten, DynamicUpsample, Segments,
+                                                         check_dynamic_level, max_segments)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import DecoderStack, pad_to
@@ -20,7 +23,7 @@ from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 
 
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,
-                        padded: int) -> dict:
+                        padded: int, segment_capacity: float = 1.5) -> dict:
   """Empty cache of an Hourglass body for `batch` sequences of `padded` (a multiple of the total
   factor) entries of its input stream."""
   num_pre = hierarchy.levels[0][0]
@@ -28,8 +31,13 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
     return {"layers": kv_cache.new_stack(cfg, batch, num_pre, padded)}
   cache = {"pre": kv_cache.new_stack(cfg, batch, num_pre, padded),
            "post": kv_cache.new_stack(cfg, batch, hierarchy.post_layers[0], padded)}
+  k = hierarchy.relative_factor(0)
+  if shorten == "dynamic":  # the inner level holds the M-1 segments that can complete (dynamic_cache.py)
+    segments = max_segments(padded, k, segment_capacity)
+    return dict(cache, z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype),
+                segment=new_segment_state(batch, cfg.d_model),
+                inner=new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, segments - 1))
   if upsample != "none":
-    k = hierarchy.relative_factor(0)
     cache["buf"] = jnp.zeros((batch, k - 1, cfg.d_model), cfg.compute_dtype)
     cache["z"] = jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype)
     cache["inner"] = new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, padded // k)
@@ -64,18 +72,22 @@ class Hourglass(LayerOptions):
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
     width `d_model`."""
     hierarchy = parse_hierarchy(self.hierarchy)
-    self._check_cacheable()
+    if self.shorten == "dynamic" and hierarchy.depth:
+      check_dynamic_level(hierarchy, self.upsample, "Hourglass(shorten='dynamic')")
     self.check_cache_length(length, hierarchy.total_factor)
-    return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length)
+    return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length,
+                               self.segment_capacity)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None):
     hierarchy = parse_hierarchy(self.hierarchy)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
+    dynamic = self.shorten == "dynamic" and hierarchy.depth
+    if cache is not None and dynamic:
+      return self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL)
     if cache is not None:
-      self._check_cacheable()
       return self._decode(hierarchy, options, x_BxLxD, cache, position)
-    if self.shorten == "dynamic" and hierarchy.depth:
+    if dynamic:
       return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL)
     if not hierarchy.depth:
       return self._stack(hierarchy.levels[0][0], "layers", options)(x_BxLxD, deterministic)
@@ -88,24 +100,56 @@ class Hourglass(LayerOptions):
     y_BxPxD = self._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
     return y_BxPxD[:, :length]
 
-  def _check_cacheable(self):
-    if self.shorten == "dynamic" and parse_hierarchy(self.hierarchy).depth:
-      raise ValueError("Hourglass(shorten='dynamic') has no cached decoding yet (issue 17); generate with a "
-                       "fixed-factor model (shorten='avg', 'linear' or 'attention_*'), or score whole sequences "
-                       "with the forward pass.")
-
   def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL):
     """pre stack -> segments -> inner stack over them -> each position's last completed segment + x -> post."""
     check_dynamic_level(hierarchy, self.upsample, "Hourglass(shorten='dynamic')")
-    k = hierarchy.relative_factor(0)
     x_BxLxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
-    z_BxMxD, segments = DynamicShorten(
-        factor=k, boundaries=self.boundaries, segment_capacity=self.segment_capacity,
-        gumbel_temperature=self.gumbel_temperature, boundary_loss_weight=self.boundary_loss_weight, **options,
-        name="shorten")(x_BxLxD, deterministic, boundaries_BxL)
+    z_BxMxD, segments = self._dynamic_shorten(hierarchy, options)(x_BxLxD, deterministic, boundaries_BxL)
     z_BxMxD = self._inner(hierarchy, options)(z_BxMxD, deterministic)
     y_BxLxD = DynamicUpsample(**options, name="upsample")(z_BxMxD, segments, x_BxLxD)
     return self._stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
+
+  def _dynamic_shorten(self, hierarchy, options):
+    return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self.boundaries,
+                          segment_capacity=self.segment_capacity, gumbel_temperature=self.gumbel_temperature,
+                          boundary_loss_weight=self.boundary_loss_weight, **options, name="shorten")
+
+  def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT):
+    """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
+    once; a token joins the open segment, reads the newest completed one, and closes its segment at a boundary."""
+    index_T = (0 if position is None else position) + jnp.arange(x_BxTxD.shape[1])
+    cache = dict(cache)
+    x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
+                                                                                  index_T)
+    closing_BxT = self._dynamic_shorten(hierarchy, options)(x_BxTxD, True, boundaries_BxT, decisions_only=True)
+    num_segments = kv_cache.size(cache["inner"]["layers"]) + 1
+    if position is None:
+      z_BxNxD, ids_BxT, cache["segment"] = prefill_segments(x_BxTxD, closing_BxT, num_segments)
+      y_BxNxD, cache["inner"] = self._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None)
+      newest_Bx1x1 = jnp.maximum(cache["segment"]["completed"] - 1, 0)[:, None, None]
+      cache["z"] = jnp.take_along_axis(y_BxNxD, newest_Bx1x1, axis=1)
+    else:  # the token reads segment completed-1 (its id is `completed`), then joins the open one
+      y_BxNxD, ids_BxT = cache["z"], jnp.minimum(cache["segment"]["completed"], 1)[:, None]
+      cache["segment"], closes_B, mean_Bx1xD = add_token(cache["segment"], x_BxTxD, closing_BxT[:, 0],
+                                                         num_segments)
+      entry_B = cache["segment"]["completed"] - 1
+
+      def close(module, z_Bx1xD, inner):
+        rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
+                                                                                               entry),
+                       variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
+                       in_axes=(0, 1, 0), out_axes=(0, 1))
+        per_row = jax.tree.map(lambda a: a[:, :, None], inner)  # [layers, B, ...] -> a batch of 1 per row
+        y_Bx1x1xD, per_row = rows(module, mean_Bx1xD[:, None], per_row, entry_B)
+        return take_rows(closes_B, y_Bx1x1xD[:, 0], z_Bx1xD), take_rows(
+            closes_B, jax.tree.map(lambda a: a[:, :, 0], per_row), inner, batch_axis=1)
+
+      cache["z"], cache["inner"] = nn.cond(jnp.any(closes_B), close, lambda module, z, inner: (z, inner), self,
+                                           cache["z"], cache["inner"])
+    y_BxTxD = DynamicUpsample(**options, name="upsample")(y_BxNxD, Segments(ids_BxT, None), x_BxTxD)
+    y_BxTxD, cache["post"] = self._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
+                                                                                     index_T)
+    return y_BxTxD, cache
 
   def _stack(self, num_layers: int, name: str, options):
     return DecoderStack(num_layers=num_layers, factor=self.outer_factor, **options, name=name)

@@ -104,7 +104,7 @@ class DynamicShorten(LayerOptions):
   boundary_loss_weight: float = 1.0
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None):
+  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, decisions_only: bool = False):
     check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
@@ -114,8 +114,12 @@ class DynamicShorten(LayerOptions):
                          f"{x_BxLxD.shape[:2]} (got {None if boundaries_BxL is None else boundaries_BxL.shape}); "
                          "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
       b_BxL = boundaries_BxL.astype(jnp.float32)
+      if decisions_only:
+        return b_BxL > 0.5
     else:
       b_BxL = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxLxD, deterministic)
+      if decisions_only:
+        return b_BxL > 0.5
       self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
     hard_BxL = b_BxL > 0.5
     self.sow("intermediates", "boundaries", hard_BxL)
