@@ -12,6 +12,9 @@ from hourglass_jax import sharding
 from hourglass_jax.model import ModelConfig, build_model, counting
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 from hourglass_jax.testing import causality_violations, random_variables
+from hourglass_jax.data import pipeline
+from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
+from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, load_config,  # noqa: F401  (quick_compiles: autouse)
                            quick_compiles, small_config, tiny_config)
@@ -107,6 +110,22 @@ def test_the_train_step_adds_the_boundary_prior_and_reports_the_rates():
   assert 0.0 <= metrics["body/shorten/segment_overflow"] < 1.0
   # 'loss' is the LM loss alone: about ln(256) at initialisation, whatever the prior adds to the gradient.
   assert abs(metrics["loss"] - np.log(256)) < 0.5
+
+
+def test_evaluation_reports_the_boundary_rate_it_decoded_with():
+  """The evaluation boundary rate is what the model cut in evaluation mode: for 'whitespace', the fraction of
+  input bytes in the boundary set, batch by batch."""
+  cfg = tiny_config(model=dict(kind="hourglass", **DYNAMIC, boundaries="whitespace"), mesh=dict(data=1))
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  trainer = Trainer(cfg, mesh)
+  with jax.set_mesh(mesh):
+    result = evaluate(trainer, trainer.init_state().params, cfg.data.eval_split, 2)
+  source = trainer.eval_source(cfg.data.eval_split)
+  rates = [np.asarray(whitespace_boundaries(jnp.asarray(tokens[:, :-1]))).mean()
+           for tokens, _ in pipeline.eval_iterator(source, trainer.batch_size, trainer.rows, 2)]
+  assert len(rates) == 2 and 0 < np.mean(rates) < 1
+  np.testing.assert_allclose(result["metrics"]["body/shorten/boundary_rate"], np.mean(rates), rtol=1e-6)
+  assert "body/shorten/boundary_rate" in describe(result, cfg.data.eval_split)
 
 
 def test_only_models_that_sow_losses_report_an_auxiliary_loss():

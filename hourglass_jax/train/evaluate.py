@@ -11,19 +11,20 @@ from hourglass_jax import paths, sharding
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.step import token_losses
+from hourglass_jax.train.step import token_losses_and_sown
 from hourglass_jax.train.trainer import Trainer
 
 _STEPS = weakref.WeakKeyDictionary()  # trainer -> its jitted per-position weighted eval step
 
 
 def weighted_eval_step(trainer: Trainer):
-  """`step(params, tokens_BxL1, weights_BxL) -> {loss_sum, tokens}`: only predictions with weight 1 count, so
-  overlapping eval windows (sliding, long_context) score each byte once."""
+  """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens}, sown metrics)`: only predictions with weight 1
+  count, so overlapping eval windows (sliding, long_context) score each byte once. The sown metrics (a dynamic
+  level's boundary_rate...) are the batch's, as in training."""
   if trainer not in _STEPS:
     def eval_step(params, tokens_BxL1, weights_BxL):
-      losses_BxL = token_losses(trainer.model, params, tokens_BxL1, trainer.rules)
-      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum())
+      losses_BxL, _, sown = token_losses_and_sown(trainer.model, params, tokens_BxL1, trainer.rules)
+      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum()), sown
 
     _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
         trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding))
@@ -31,29 +32,35 @@ def weighted_eval_step(trainer: Trainer):
 
 
 def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict:
-  """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0)."""
+  """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and the mean over
+  batches of what the model sows into 'metrics' (`metrics`, by module path; empty for most models)."""
   source = trainer.eval_source(split)
   batches = pipeline.num_eval_batches(source, trainer.batch_size, max_batches)
-  step, outs = weighted_eval_step(trainer), []
+  step, outs, sown = weighted_eval_step(trainer), [], []
   for tokens, weights in pipeline.eval_iterator(source, trainer.batch_size, trainer.rows, max_batches):
-    outs.append(step(params, trainer.global_array(tokens), trainer.global_array(weights)))
+    out, metrics = step(params, trainer.global_array(tokens), trainer.global_array(weights))
+    outs.append(out)
+    sown.append(metrics)
   # Summed on the host in float64: float32 counts stop being exact past 2^24 tokens (a 90M-byte split).
   total = {key: sum(float(out[key]) for out in sharding.to_host(outs)) for key in ("loss_sum", "tokens")}
+  sown = sharding.to_host(sown)
+  metrics = {name: sum(float(m[name]) for m in sown) / len(sown) for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
   data = trainer.cfg.data
   kind = sources.dataset_kind(data.name)
   protocol = "images" if kind == "image" else data.get("eval_protocol", "windows")
   return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches,
               windows=min(len(source), batches * trainer.batch_size), whole_split=batches * trainer.batch_size
-              >= len(source), unit="dim" if kind == "image" else "byte", protocol=protocol)
+              >= len(source), unit="dim" if kind == "image" else "byte", protocol=protocol, metrics=metrics)
 
 
 def describe(result: dict, split: str) -> str:
   scope = "whole split" if result["whole_split"] else f"first {result['batches']} batches"
   protocol = result.get("protocol", "windows")
   what = protocol if protocol in ("images", "windows") else f"{protocol} windows"
+  sown = "".join(f"; {name} {value:.4g}" for name, value in result.get("metrics", {}).items())
   return (f"{split} bits/{result.get('unit', 'byte')} {result['bits']:.4f} (loss {result['loss']:.4f} nats; "
-          f"{result['windows']:,} {what}, {result['tokens']:,} scored tokens, {scope})")
+          f"{result['windows']:,} {what}, {result['tokens']:,} scored tokens, {scope}{sown})")
 
 
 def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str | None = None,

@@ -150,7 +150,8 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
       if step == total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
         drain()
         summary["eval"] = evaluate(trainer, state.params, cfg.data.eval_split, cfg.data.eval_batches)
-        writer.scalars(step, {"eval/loss": summary["eval"]["loss"], f"eval/bits_per_{unit}": summary["eval"]["bits"]})
+        writer.scalars(step, {"eval/loss": summary["eval"]["loss"], f"eval/bits_per_{unit}": summary["eval"]["bits"],
+                              **{f"eval/{name}": value for name, value in summary["eval"]["metrics"].items()}})
         log(f"step {step}: {describe(summary['eval'], cfg.data.eval_split)}")
         meter.reset()
     drain()
