@@ -7,6 +7,7 @@ import pytest
 from hourglass_jax.model import build_model
 from hourglass_jax.model import counting
 from hourglass_jax.model.config import MULTISCALE_KINDS, SHORTEN, UPSAMPLE
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 from tests.helpers import small_config
 
 
@@ -81,7 +82,7 @@ def test_analytic_flops_match_xla_cost_analysis(kind, hierarchy, shorten, upsamp
   assert 0.9 < ours / xla_flops <= 1.02, (ours, xla_flops)
 
 
-@pytest.mark.parametrize("boundaries", ["whitespace", "gumbel"])
+@pytest.mark.parametrize("boundaries", BOUNDARY_PREDICTORS)
 @pytest.mark.parametrize("position", ["rope", "relative"])
 def test_analytic_counts_follow_a_dynamic_level(boundaries, position):
   """Params as initialised (the 'gumbel' MLP included); the center runs over max_segments positions."""

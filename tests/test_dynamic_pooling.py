@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ends, segment_ids, straight_through_weights,
-                                                   upsample_segments,
-                                                   whitespace_boundaries)
+from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ends, segment_ids, segment_start_probs,
+                                                   smooth_segments, starts_from_boundaries, straight_through_weights,
+                                                   upsample_segments, whitespace_boundaries)
+from hourglass_jax.model.hourglass.dynamic_level import ratio_loss
 
 RNG = np.random.default_rng(0)
 
@@ -100,3 +101,27 @@ def test_a_batch_sharded_over_devices_needs_no_communication():
   assert len(jax.devices()) > 1
   assert not [op for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute")
               if op in program.as_text()]
+
+
+def test_routing_smoothing_and_start_probabilities_follow_their_definitions():
+  """H-Net's pieces: P_j is the probability at segment j's first position; ybar_j = P_j y_j + (1 - P_j) ybar_{j-1};
+  the ratio loss is 1 at the target rate and larger elsewhere."""
+  b_BxL = RNG.random((2, 17)) < 0.3
+  p_BxL = RNG.random((2, 17)).astype(np.float32)
+  ids = segment_ids(jnp.asarray(b_BxL), 9)
+  starts = np.asarray(starts_from_boundaries(jnp.asarray(b_BxL)))
+  probs = np.asarray(segment_start_probs(jnp.asarray(p_BxL), jnp.asarray(starts), ids, 9))
+  y_BxMxD = RNG.normal(size=(2, 9, 3)).astype(np.float32)
+  smoothed = np.asarray(smooth_segments(jnp.asarray(y_BxMxD), jnp.asarray(probs)))
+  for row in range(2):
+    first = [np.flatnonzero(np.asarray(ids[row]) == j) for j in range(9)]
+    expected_P = np.array([p_BxL[row, f[0]] if len(f) else 0.0 for f in first], np.float32)
+    np.testing.assert_allclose(probs[row], expected_P, rtol=1e-6)
+    ybar = np.zeros(3, np.float32)
+    for j in range(9):
+      ybar = expected_P[j] * y_BxMxD[row, j] + (1 - expected_P[j]) * ybar
+      np.testing.assert_allclose(smoothed[row, j], ybar, rtol=1e-5, atol=1e-6)
+  at_target = ratio_loss(jnp.asarray([[1.0, 0, 0, 0]]), jnp.full((1, 4), 0.25), 4)
+  np.testing.assert_allclose(at_target, 1.0, rtol=1e-6)
+  assert ratio_loss(jnp.asarray([[1.0, 1, 0, 0]]), jnp.full((1, 4), 0.5), 4) > 1.0
+  assert ratio_loss(jnp.zeros((1, 4)), jnp.full((1, 4), 0.1), 4) > 1.0

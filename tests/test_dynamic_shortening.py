@@ -39,9 +39,9 @@ def mixed_variables(model, length: int, **kwargs):
   raise AssertionError("no draw of variables gives a mixed boundary rate")
 
 
-CASES = [(boundaries, length, position) for boundaries in ("whitespace", "gumbel") for length in LENGTHS
+CASES = [(boundaries, length, position) for boundaries in BOUNDARY_PREDICTORS for length in LENGTHS
          for position in ("rope", "relative")]
-QUICK = {("whitespace", 12, "rope"), ("gumbel", 11, "relative")}  # the rest run in the full suite
+QUICK = {("whitespace", 12, "rope"), ("gumbel", 11, "relative"), ("routing", 11, "rope")}  # the rest: full suite
 
 
 @pytest.mark.parametrize("boundaries, length, position",
@@ -80,20 +80,23 @@ def test_gumbel_boundaries_are_causal_with_training_noise(length):
   assert not problems, problems[:3]
 
 
-def test_the_predictor_learns_from_the_language_model_loss():
-  """The straight-through segment weights carry the LM loss's gradient to the boundary MLP (prior loss off)."""
-  cfg = small_config(**DYNAMIC, boundaries="gumbel", boundary_loss_weight=0.0)
+@pytest.mark.parametrize("boundaries, module, leaves", [("gumbel", "predictor", (("hidden", "kernel"), ("logit", "bias"))),
+                                                       ("routing", "router", (("query", "kernel"), ("key", "kernel")))])
+def test_the_predictor_learns_from_the_language_model_loss(boundaries, module, leaves):
+  """The straight-through segment weights (and for 'routing' the smoothing) carry the LM loss's gradient to the
+  predictor's parameters (its own loss off)."""
+  cfg = small_config(**DYNAMIC, boundaries=boundaries, boundary_loss_weight=0.0)
   model = build_model(cfg)
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)), jnp.int32)
-  params = nn.meta.unbox(random_variables(model, tokens))["params"]
+  params = nn.meta.unbox(mixed_variables(model, 12))["params"]
 
   def lm_loss(params):
     logits = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(0)})
     return -jax.nn.log_softmax(logits)[..., 0].mean()
 
-  grads = jax.jit(jax.grad(lm_loss))(params)["body"]["shorten"]["predictor"]
-  assert float(jnp.abs(grads["hidden"]["kernel"]).max()) > 1e-6
-  assert float(jnp.abs(grads["logit"]["bias"]).max()) > 1e-6
+  grads = jax.jit(jax.grad(lm_loss))(params)["body"]["shorten"][module]
+  for name, leaf in leaves:
+    assert float(jnp.abs(grads[name][leaf]).max()) > 1e-6, (name, leaf)
 
 
 def test_the_train_step_adds_the_boundary_prior_and_reports_the_rates():
@@ -126,6 +129,21 @@ def test_evaluation_reports_the_boundary_rate_it_decoded_with():
   assert len(rates) == 2 and 0 < np.mean(rates) < 1
   np.testing.assert_allclose(result["metrics"]["body/shorten/boundary_rate"], np.mean(rates), rtol=1e-6)
   assert "body/shorten/boundary_rate" in describe(result, cfg.data.eval_split)
+
+
+def test_the_train_step_adds_the_weighted_ratio_loss_for_routing():
+  def first_step(weight):
+    cfg = tiny_config(model=dict(dropout=0.0, kind="hourglass", **DYNAMIC, boundaries="routing",
+                                 boundary_loss_weight=weight), mesh=dict(data=1))
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    trainer = Trainer(cfg, mesh)
+    with jax.set_mesh(mesh):
+      _, metrics = trainer.train_step(trainer.init_state(), trainer.global_array(next(trainer.train_iterator())))
+    return {name: float(value) for name, value in metrics.items()}
+
+  half, full = first_step(0.5), first_step(1.0)
+  assert full["aux_loss"] > 0 and abs(full["aux_loss"] - 2 * half["aux_loss"]) < 1e-5
+  assert full["loss"] == half["loss"] and 0.0 <= full["body/shorten/boundary_rate"] <= 1.0
 
 
 def test_only_models_that_sow_losses_report_an_auxiliary_loss():

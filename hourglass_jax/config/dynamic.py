@@ -5,6 +5,8 @@ import ml_collections
 
 from hourglass_jax.model.hourglass.dynamic_level import BOUNDARY_PREDICTORS
 
+ROUTING_RATIO_LOSS_WEIGHT = 0.03  # H-Net's alpha for its ratio loss
+
 
 def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str,
                             config_name: str) -> ml_collections.ConfigDict:
@@ -13,4 +15,6 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str,
     raise ValueError(f"configs/{config_name}.py: unknown boundary predictor {predictor!r}; choose one of "
                      f"{', '.join(BOUNDARY_PREDICTORS)} (e.g. --config=configs/{config_name}.py:gumbel).")
   cfg.model.update(shorten="dynamic", upsample="repeat", boundaries=predictor)
+  if predictor == "routing":
+    cfg.model.boundary_loss_weight = ROUTING_RATIO_LOSS_WEIGHT
   return cfg

@@ -58,8 +58,9 @@ def _attention_tail(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int
 def _shorten(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
   d, short = cfg.d_model, length // k
   params, flops = 0, 0
-  if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1)
-    return (d * d + d + d + 1, 2 * length * (d * d + d)) if cfg.boundaries == "gumbel" else (0, 0)
+  if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1), 'routing' W_q and W_k
+    return {"gumbel": (d * d + d + d + 1, 2 * length * (d * d + d)),
+            "routing": (2 * d * d, 4 * length * d * d)}.get(cfg.boundaries, (0, 0))
   if cfg.shorten.endswith("linear"):
     params, flops = k * d * d + d, 2 * short * k * d * d
   if cfg.shorten.startswith("attention_"):

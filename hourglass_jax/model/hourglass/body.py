@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic_cache import add_token, new_segment_state, prefill_segments, take_rows
+from hourglass_jax.model.hourglass.dynamic import segment_start_probs, smooth_segments, starts_from_boundaries
+from hourglass_jax.model.hourglass.dynamic_cache import (close_segment, join_segment, new_segment_state,
+                                                         prefill_segments, take_rows)
 from hourglass_jax.model.hourglass.dynamic_level import (DynamicShorten, DynamicUpsample, Segments,
                                                          check_dynamic_level, max_segments)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
@@ -35,7 +37,7 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
   if shorten == "dynamic":  # the inner level holds the M-1 segments that can complete (dynamic_cache.py)
     segments = max_segments(padded, k, segment_capacity)
     return dict(cache, z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype),
-                segment=new_segment_state(batch, cfg.d_model),
+                segment=new_segment_state(batch, cfg.d_model, cfg.compute_dtype),
                 inner=new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, segments - 1))
   if upsample != "none":
     cache["buf"] = jnp.zeros((batch, k - 1, cfg.d_model), cfg.compute_dtype)
@@ -116,23 +118,31 @@ class Hourglass(LayerOptions):
 
   def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
-    once; a token joins the open segment, reads the newest completed one, and closes its segment at a boundary."""
+    once; a token closes the open segment when a segment starts at it, reads the newest completed one and joins the
+    open one."""
     index_T = (0 if position is None else position) + jnp.arange(x_BxTxD.shape[1])
     cache = dict(cache)
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
-    closing_BxT = self._dynamic_shorten(hierarchy, options)(x_BxTxD, True, boundaries_BxT, decisions_only=True)
+    starts_BxT, probs_BxT, seen = self._dynamic_shorten(hierarchy, options)(x_BxTxD, True, boundaries_BxT,
+                                                                             previous=cache["segment"])
+    state = dict(cache["segment"], **seen)
     num_segments = kv_cache.size(cache["inner"]["layers"]) + 1
-    if position is None:
-      z_BxNxD, ids_BxT, cache["segment"] = prefill_segments(x_BxTxD, closing_BxT, num_segments)
+    smooth = self.boundaries == "routing"
+    if position is None:  # b_t = starts_{t+1}; the last token's boundary is the next step's start
+      b_BxT = jnp.concatenate([starts_BxT[:, 1:], jnp.zeros_like(starts_BxT[:, :1])], axis=1)
+      z_BxNxD, ids_BxT, opened = prefill_segments(x_BxTxD, b_BxT, num_segments)
+      start_probs_BxM = segment_start_probs(probs_BxT, starts_from_boundaries(b_BxT), ids_BxT, num_segments)
       y_BxNxD, cache["inner"] = self._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None)
-      newest_Bx1x1 = jnp.maximum(cache["segment"]["completed"] - 1, 0)[:, None, None]
-      cache["z"] = jnp.take_along_axis(y_BxNxD, newest_Bx1x1, axis=1)
-    else:  # the token reads segment completed-1 (its id is `completed`), then joins the open one
-      y_BxNxD, ids_BxT = cache["z"], jnp.minimum(cache["segment"]["completed"], 1)[:, None]
-      cache["segment"], closes_B, mean_Bx1xD = add_token(cache["segment"], x_BxTxD, closing_BxT[:, 0],
-                                                         num_segments)
-      entry_B = cache["segment"]["completed"] - 1
+      if smooth:
+        y_BxNxD = smooth_segments(y_BxNxD, start_probs_BxM[:, :y_BxNxD.shape[1]])
+      completed_B = opened["completed"]
+      cache["z"] = jnp.take_along_axis(y_BxNxD, jnp.maximum(completed_B - 1, 0)[:, None, None], axis=1)
+      state.update(opened, start_prob=jnp.take_along_axis(start_probs_BxM, completed_B[:, None], axis=1)[:, 0])
+    else:
+      state, closes_B, mean_Bx1xD, closed_prob_B = close_segment(state, starts_BxT[:, 0], probs_BxT[:, 0],
+                                                                 num_segments)
+      entry_B = state["completed"] - 1
 
       def close(module, z_Bx1xD, inner):
         rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
@@ -140,12 +150,20 @@ class Hourglass(LayerOptions):
                        variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
                        in_axes=(0, 1, 0), out_axes=(0, 1))
         per_row = jax.tree.map(lambda a: a[:, :, None], inner)  # [layers, B, ...] -> a batch of 1 per row
-        y_Bx1x1xD, per_row = rows(module, mean_Bx1xD[:, None], per_row, entry_B)
-        return take_rows(closes_B, y_Bx1x1xD[:, 0], z_Bx1xD), take_rows(
+        y_Bx1x1xD, per_row = rows(module, mean_Bx1xD[:, None].astype(z_Bx1xD.dtype), per_row, entry_B)
+        y_Bx1xD = y_Bx1x1xD[:, 0]
+        if smooth:  # ybar_j = P_j y_j + (1 - P_j) ybar_{j-1}
+          p_Bx1x1 = closed_prob_B[:, None, None]
+          y_Bx1xD = (p_Bx1x1 * y_Bx1xD.astype(jnp.float32) + (1 - p_Bx1x1) * z_Bx1xD.astype(jnp.float32)).astype(
+              z_Bx1xD.dtype)
+        return take_rows(closes_B, y_Bx1xD, z_Bx1xD), take_rows(
             closes_B, jax.tree.map(lambda a: a[:, :, 0], per_row), inner, batch_axis=1)
 
       cache["z"], cache["inner"] = nn.cond(jnp.any(closes_B), close, lambda module, z, inner: (z, inner), self,
                                            cache["z"], cache["inner"])
+      y_BxNxD, ids_BxT = cache["z"], jnp.minimum(state["completed"], 1)[:, None]
+      state = join_segment(state, x_BxTxD)
+    cache["segment"] = state
     y_BxTxD = DynamicUpsample(**options, name="upsample")(y_BxNxD, Segments(ids_BxT, None), x_BxTxD)
     y_BxTxD, cache["post"] = self._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                      index_T)

@@ -79,3 +79,31 @@ def upsample_segments(y_BxMxD, ids_BxL, weights_BxL=None):
   if weights_BxL is not None:
     rows_BxLxD = rows_BxLxD * weights_BxL[..., None].astype(rows_BxLxD.dtype)
   return jnp.where((read_BxL >= 0)[..., None], rows_BxLxD, 0).astype(y_BxMxD.dtype)
+
+
+def starts_from_boundaries(boundaries_BxL):
+  """[B, L]: a segment starts at t when t = 0 or a boundary closed one at t-1 (same dtype: soft values pass)."""
+  first_Bx1 = jnp.ones_like(boundaries_BxL[:, :1])
+  return jnp.concatenate([first_Bx1, boundaries_BxL[:, :-1]], axis=1)
+
+
+def segment_start_probs(start_probs_BxL, starts_BxL, ids_BxL, max_segments: int):
+  """[B, M]: P_j, the probability at the position where segment j starts (H-Net's smoothing weight); 0 for an
+  empty segment. `starts_BxL` (hard) marks each segment's first position."""
+  at_start_BxL = jnp.where(starts_BxL, start_probs_BxL.astype(jnp.float32), 0.0)
+  return _segment_reduce(jax.ops.segment_sum, at_start_BxL, ids_BxL, max_segments)
+
+
+def smooth_segments(y_BxMxD, start_probs_BxM):
+  """H-Net's smoothing of the segment outputs: ybar_j = P_j y_j + (1 - P_j) ybar_{j-1} (a linear recurrence, as
+  an associative scan). A confident boundary (P_j = 1) passes y_j; an unsure one blends in the segment before."""
+  p_BxMx1 = start_probs_BxM[..., None].astype(jnp.float32)
+
+  def combine(earlier, later):
+    decay_a, value_a = earlier
+    decay_b, value_b = later
+    return decay_a * decay_b, decay_b * value_a + value_b
+
+  _, smoothed_BxMxD = jax.lax.associative_scan(combine, (1.0 - p_BxMx1, p_BxMx1 * y_BxMxD.astype(jnp.float32)),
+                                               axis=1)
+  return smoothed_BxMxD.astype(y_BxMxD.dtype)

@@ -1,12 +1,16 @@
 """The running segment of a dynamically shortened level during cached decoding (dynamic.py has the segments of a
 whole sequence).
 
-Per row the state holds 'completed' (segments closed so far, capped at M-1: the merged tail never closes), and the
-float32 'sum' and 'size' of the open segment. A token adds itself to the open segment; when its boundary closes it
-(and it is not the merged tail), the segment's mean goes through the inner level as entry 'completed' and the
-count advances. Rows close segments at different tokens, so the inner level runs row by row (a vmap) whenever
-any row closes one, and only the closing rows keep its result. With M from the cache length, decoding equals the
-forward pass over that many positions.
+Per row the state holds 'completed' (segments closed so far, capped at M-1: the merged tail never closes), the
+float32 'sum' and 'size' of the open segment and its 'start_prob' (H-Net's smoothing weight, 1 for the first), and
+what the predictor needs of the token before: its 'boundary' decision ('whitespace', 'gumbel'), or its routing
+'key' and whether there was one ('seen', 'routing', which decides b_{t-1} at token t).
+
+A token first closes the open segment if a segment starts at it (b_{t-1} = 1) and the open one is not the merged
+tail: the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
+tokens, so the inner level runs row by row (a vmap) whenever any row closes one, and only the closing rows keep
+its result. The token then reads the newest completed segment's output and joins the open segment. With M counted
+from the cache length, decoding equals the forward pass over that many positions.
 """
 
 import jax
@@ -15,14 +19,16 @@ import jax.numpy as jnp
 from hourglass_jax.model.hourglass.dynamic import pool_segments, segment_ids
 
 
-def new_segment_state(batch: int, d_model: int) -> dict:
+def new_segment_state(batch: int, d_model: int, dtype) -> dict:
   return {"sum": jnp.zeros((batch, d_model), jnp.float32), "size": jnp.zeros((batch,), jnp.int32),
-          "completed": jnp.zeros((batch,), jnp.int32)}
+          "completed": jnp.zeros((batch,), jnp.int32), "start_prob": jnp.ones((batch,), jnp.float32),
+          "boundary": jnp.zeros((batch,), bool), "key": jnp.zeros((batch, d_model), dtype),
+          "seen": jnp.zeros((batch,), bool)}
 
 
 def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int):
   """A prompt's segments: (means [B, N, D] of the first N = min(P, M-1) segments, the ones a prompt of P tokens
-  can complete; ids [B, P]; the state after it)."""
+  can complete; ids [B, P]; the state's 'sum', 'size' and 'completed' after it)."""
   length = x_BxPxD.shape[1]
   ids_BxP = segment_ids(boundaries_BxP, max_segments)
   z_BxMxD, _ = pool_segments(x_BxPxD, ids_BxP, max_segments)
@@ -33,16 +39,19 @@ def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int):
   return z_BxMxD[:, :min(length, max_segments - 1)], ids_BxP, state
 
 
-def add_token(state: dict, x_Bx1xD, boundary_B, max_segments: int):
-  """(state with the token in its open segment, closes [B]: its boundary closes a segment that is not the tail,
-  the mean [B, 1, D] of that segment)."""
-  total_BxD = state["sum"] + x_Bx1xD[:, 0].astype(jnp.float32)
-  size_B = state["size"] + 1
-  closes_B = boundary_B & (state["completed"] < max_segments - 1)
-  mean_Bx1xD = (total_BxD / size_B[:, None].astype(jnp.float32))[:, None].astype(x_Bx1xD.dtype)
-  state = {"sum": jnp.where(closes_B[:, None], 0.0, total_BxD), "size": jnp.where(closes_B, 0, size_B),
-           "completed": state["completed"] + closes_B.astype(jnp.int32)}
-  return state, closes_B, mean_Bx1xD
+def close_segment(state: dict, start_B, start_prob_B, max_segments: int):
+  """(state once a segment starts at this token, closes [B]: the open segment closed (it is not the tail), its
+  mean [B, 1, D] in float32, its start probability [B])."""
+  closes_B = start_B & (state["completed"] < max_segments - 1)
+  mean_BxD = state["sum"] / jnp.maximum(state["size"], 1)[:, None].astype(jnp.float32)
+  new = dict(state, sum=jnp.where(closes_B[:, None], 0.0, state["sum"]), size=jnp.where(closes_B, 0, state["size"]),
+             completed=state["completed"] + closes_B.astype(jnp.int32),
+             start_prob=jnp.where(closes_B, start_prob_B, state["start_prob"]))
+  return new, closes_B, mean_BxD[:, None], state["start_prob"]
+
+
+def join_segment(state: dict, x_Bx1xD) -> dict:
+  return dict(state, sum=state["sum"] + x_Bx1xD[:, 0].astype(jnp.float32), size=state["size"] + 1)
 
 
 def take_rows(closes_B, new, old, batch_axis: int = 0):

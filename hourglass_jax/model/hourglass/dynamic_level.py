@@ -3,7 +3,9 @@ decisions -> segments -> their means (`DynamicShorten`), and each position's las
 (`DynamicUpsample`). The segment ops and their causality argument are in dynamic.py.
 
 Predictors ('boundaries'): 'whitespace' takes the decisions from outside (`whitespace_boundaries` of the bytes);
-'gumbel' learns them from the level's stream with a binomial prior toward the target rate 1/factor.
+'gumbel' learns them from the level's stream with a binomial prior toward the target rate 1/factor; 'routing'
+(H-Net, Hwang et al. 2025) starts a segment where adjacent positions differ (cosine routing), with H-Net's ratio
+loss and its smoothing of the segment outputs.
 """
 
 import math
@@ -14,12 +16,13 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ids, straight_through_weights,
+from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ids, segment_start_probs,
+                                                   smooth_segments, starts_from_boundaries, straight_through_weights,
                                                    upsample_segments)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import dense, layer_norm
 
-BOUNDARY_PREDICTORS = ("whitespace", "gumbel")
+BOUNDARY_PREDICTORS = ("whitespace", "gumbel", "routing")
 
 
 def max_segments(length: int, factor: int, capacity: float) -> int:
@@ -62,10 +65,51 @@ class GumbelBoundaries(nn.Module):
     return hard_BxL + soft_BxL - jax.lax.stop_gradient(soft_BxL)
 
 
+def ratio_loss(starts_BxL, start_probs_BxL, factor: int):
+  """H-Net's ratio loss N/(N-1) ((N-1) F G + (1-F)(1-G)), N = factor, F the fraction of hard starts, G the mean
+  start probability; 1 at F = G = 1/N. Its gradient reaches the router through G, N/(N-1) (N F - 1): it lowers the
+  probabilities while more than 1/N positions start a segment and raises them while fewer do."""
+  f = starts_BxL.astype(jnp.float32).mean()
+  g = start_probs_BxL.astype(jnp.float32).mean()
+  return factor / (factor - 1) * ((factor - 1) * f * g + (1 - f) * (1 - g))
+
+
+def _identity(key, shape, dtype=jnp.float32):
+  del key
+  return jnp.eye(*shape, dtype=dtype)
+
+
+class RoutingBoundaries(nn.Module):
+  """H-Net's routing: x [B, L, D] -> start probabilities p [B, L], p_t = (1 - cos(W_q x_t, W_k x_{t-1})) / 2 and
+  p_0 = 1: a segment starts where the stream changes direction. W_q and W_k start at the identity, as in H-Net.
+
+  Decoding passes `previous_key_BxD`, the key of the row before x's first (zeros and `has_previous_B` False at
+  position 0), and gets (p, the key of x's last row) back."""
+  cfg: LayerConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, previous_key_BxD=None, has_previous_B=None):
+    d = x_BxLxD.shape[-1]
+    project = lambda name: nn.Dense(d, use_bias=False, dtype=self.cfg.compute_dtype, name=name,
+                                    kernel_init=nn.with_logical_partitioning(_identity, ("embed", "mlp")))
+    q_BxLxD, k_BxLxD = project("query")(x_BxLxD), project("key")(x_BxLxD)
+    unit = lambda v: v.astype(jnp.float32) * jax.lax.rsqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), -1,
+                                                                   keepdims=True) + 1e-12)
+    decoding = previous_key_BxD is not None
+    first_Bx1xD = previous_key_BxD[:, None].astype(k_BxLxD.dtype) if decoding else k_BxLxD[:, :1]
+    before_BxLxD = jnp.concatenate([first_Bx1xD, k_BxLxD[:, :-1]], axis=1)
+    p_BxL = (1.0 - jnp.sum(unit(q_BxLxD) * unit(before_BxLxD), axis=-1)) / 2
+    has_before_B = has_previous_B if decoding else jnp.zeros(x_BxLxD.shape[:1], bool)
+    p_BxL = p_BxL.at[:, 0].set(jnp.where(has_before_B, p_BxL[:, 0], 1.0))
+    return (p_BxL, k_BxLxD[:, -1]) if decoding else p_BxL
+
+
 class Segments(NamedTuple):
-  """What up-sampling needs of a shortening: each position's segment id and straight-through weight."""
+  """What up-sampling needs of a shortening: each position's segment id and straight-through weight, and for
+  'routing' each segment's start probability (the smoothing weights; None otherwise)."""
   ids_BxL: jax.Array
-  weights_BxL: jax.Array
+  weights_BxL: jax.Array | None
+  start_probs_BxM: jax.Array | None = None
 
 
 def check_dynamic_settings(s, prefix: str) -> None:
@@ -89,13 +133,20 @@ def check_dynamic_level(hierarchy, upsample: str, owner: str) -> None:
 
 class DynamicShorten(LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at boundaries predicted by
-  `boundaries` ('gumbel'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace'). `factor` is the target
-  average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2 share the
-  merged tail M-1, which no position reads.
+  `boundaries` ('gumbel', 'routing'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace'). `factor` is the
+  target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2 share
+  the merged tail M-1, which no position reads. 'routing' decides b_t (close after t) from positions t and t+1:
+  H-Net starts a segment at t+1 where it differs from t. That is causal here: b_t only changes which segment
+  positions after t read.
 
-  Sows into 'losses' the boundary prior times `boundary_loss_weight` ('gumbel'), and into 'metrics' the realised
-  'shortening_rate' (positions per boundary), 'boundary_rate' and 'segment_overflow' (the fraction of positions in
-  the merged tail: raise segment_capacity when it is not ~0). Apply with mutable=['losses', 'metrics'] to read them.
+  Sows into 'losses' the boundary prior ('gumbel') or the ratio loss ('routing') times `boundary_loss_weight`, and
+  into 'metrics' the realised 'shortening_rate' (positions per boundary), 'boundary_rate' and 'segment_overflow'
+  (the fraction of positions in the merged tail: raise segment_capacity when it is not ~0). Apply with
+  mutable=['losses', 'metrics'] to read them.
+
+  Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and gets, per row of x,
+  (starts [B, T]: a segment starts at t, i.e. b_{t-1} = 1; start probabilities [B, T]; the state's 'boundary',
+  'key' and 'seen' after x).
   """
   factor: int = 4
   boundaries: str = "gumbel"
@@ -104,23 +155,25 @@ class DynamicShorten(LayerOptions):
   boundary_loss_weight: float = 1.0
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, decisions_only: bool = False):
+  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None):
     check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
-    if self.boundaries == "whitespace":
-      if boundaries_BxL is None or boundaries_BxL.shape != x_BxLxD.shape[:2]:
-        raise ValueError(f"DynamicShorten(boundaries='whitespace') needs boundaries_BxL of shape "
-                         f"{x_BxLxD.shape[:2]} (got {None if boundaries_BxL is None else boundaries_BxL.shape}); "
-                         "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
-      b_BxL = boundaries_BxL.astype(jnp.float32)
-      if decisions_only:
-        return b_BxL > 0.5
-    else:
+    if previous is not None:
+      return self._starts(cfg, x_BxLxD, boundaries_BxL, previous)
+    start_probs_BxL = None
+    if self.boundaries == "routing":
+      start_probs_BxL = RoutingBoundaries(cfg, name="router")(x_BxLxD)
+      starts_BxL = (start_probs_BxL >= 0.5).astype(jnp.float32)
+      soft_BxL = starts_BxL + start_probs_BxL - jax.lax.stop_gradient(start_probs_BxL)  # straight-through
+      b_BxL = jnp.concatenate([soft_BxL[:, 1:], jnp.zeros_like(soft_BxL[:, :1])], axis=1)
+      self.sow("losses", "ratio_loss", self.boundary_loss_weight * ratio_loss(starts_BxL, start_probs_BxL,
+                                                                              self.factor))
+    elif self.boundaries == "gumbel":
       b_BxL = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxLxD, deterministic)
-      if decisions_only:
-        return b_BxL > 0.5
       self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
+    else:
+      b_BxL = self._given(x_BxLxD, boundaries_BxL).astype(jnp.float32)
     hard_BxL = b_BxL > 0.5
     self.sow("intermediates", "boundaries", hard_BxL)
     num_segments = max_segments(length, self.factor, self.segment_capacity)
@@ -131,15 +184,40 @@ class DynamicShorten(LayerOptions):
     self.sow("metrics", "boundary_rate", boundary_rate)
     self.sow("metrics", "shortening_rate", 1.0 / jnp.maximum(boundary_rate, 1.0 / length))
     self.sow("metrics", "segment_overflow", (ids_BxL == num_segments - 1).mean())
-    return z_BxMxD, Segments(ids_BxL, weights_BxL)
+    start_probs_BxM = None if start_probs_BxL is None else segment_start_probs(
+        start_probs_BxL, starts_from_boundaries(hard_BxL), ids_BxL, num_segments)
+    return z_BxMxD, Segments(ids_BxL, weights_BxL, start_probs_BxM)
+
+  def _given(self, x_BxLxD, boundaries_BxL):
+    if boundaries_BxL is None or boundaries_BxL.shape != x_BxLxD.shape[:2]:
+      raise ValueError(f"DynamicShorten(boundaries='whitespace') needs boundaries_BxL of shape "
+                       f"{x_BxLxD.shape[:2]} (got {None if boundaries_BxL is None else boundaries_BxL.shape}); "
+                       "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
+    return boundaries_BxL
+
+  def _starts(self, cfg, x_BxTxD, boundaries_BxT, previous):
+    """Cached decoding (see the class doc): where segments start among x's rows, given the rows before."""
+    if self.boundaries == "routing":
+      p_BxT, key_BxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
+      starts_BxT = (p_BxT >= 0.5).at[:, 0].set((p_BxT[:, 0] >= 0.5) & previous["seen"])
+      return starts_BxT, p_BxT, dict(key=key_BxD.astype(previous["key"].dtype), seen=jnp.ones_like(previous["seen"]))
+    if self.boundaries == "gumbel":
+      b_BxT = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxTxD, True) > 0.5
+    else:
+      b_BxT = self._given(x_BxTxD, boundaries_BxT).astype(bool)
+    starts_BxT = jnp.concatenate([previous["boundary"][:, None], b_BxT[:, :-1]], axis=1)
+    return starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(boundary=b_BxT[:, -1])
 
 
 class DynamicUpsample(LayerOptions):
   """Segment outputs y [B, M, D], `Segments` and the residual r [B, L, D] -> LayerNorm(u) + r, where u[t] is the
-  output of the last segment completed strictly before t (zeros before the first boundary)."""
+  output of the last segment completed strictly before t (zeros before the first boundary), smoothed over the
+  segments first where `Segments` has start probabilities ('routing', `smooth_segments`)."""
 
   @nn.compact
   def __call__(self, y_BxMxD, segments: Segments, r_BxLxD):
     cfg = self.layer_config(r_BxLxD.shape[-1])
+    if segments.start_probs_BxM is not None:
+      y_BxMxD = smooth_segments(y_BxMxD, segments.start_probs_BxM)
     u_BxLxD = upsample_segments(y_BxMxD, segments.ids_BxL, segments.weights_BxL)
     return layer_norm(cfg, "output_norm")(u_BxLxD) + r_BxLxD
