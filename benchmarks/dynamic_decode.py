@@ -6,8 +6,9 @@ model with shorten='dynamic' and each predictor, random weights. Each program pr
 of real text). A fixed level runs its center once every k tokens; a dynamic one whenever any row of the batch
 closes a segment, so its cost follows the fraction of such steps, which the record gives (`center_steps`). The
 'gumbel' predictor's logit bias is shifted until evaluation cuts the text once per k bytes, as training targets.
-Programs run interleaved (one of each per round) and the ratios are paired per round. Time on a quiet machine
-(load < 1.5). Usage:
+'routing' is left out: its cosine rule has no bias to match the rate with, and random weights give it an arbitrary
+rate; it decodes through the same path, with two d x d projections per token. Programs run interleaved (one of
+each per round) and the ratios are paired per round. Time on a quiet machine (load < 1.5). Usage:
 
     .venv/bin/python -m benchmarks.dynamic_decode [--rounds 6] [--batches 1,8] [--quick]
 """
@@ -27,7 +28,7 @@ from hourglass_jax.data.embedded import stdlib_bytes
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.testing import random_variables
 
-PREDICTORS = ("whitespace", "gumbel")
+PREDICTORS = ("whitespace", "gumbel")  # see the module doc for routing
 
 
 def configs(args) -> dict:

@@ -16,6 +16,7 @@ import jax
 from benchmarks.common import (append_result, interleave, load_config, loadavg, median, paired_ratios,
                                parse_overrides, parse_with_quick)
 from benchmarks.steps import StepRunner
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
 
 def variants(args) -> dict:
@@ -27,7 +28,7 @@ def variants(args) -> dict:
     return cfg
 
   configs = {"fixed_avg_k4": config("gumbel", shorten="avg", upsample="repeat")}
-  for predictor in ("whitespace", "gumbel"):
+  for predictor in BOUNDARY_PREDICTORS:
     for capacity in (float(c) for c in args.capacities.split(",")):
       configs[f"dynamic_{predictor}_capacity{capacity:g}"] = config(predictor, segment_capacity=capacity)
   return configs

@@ -30,7 +30,8 @@ def test_throughput_records_costs_timings_and_plot(tmp_path):
 def test_dynamic_step_benchmark_times_each_predictor_against_the_fixed_level(tmp_path):
   record = dynamic_step.main(["--rounds", "1", "--capacities", "1.0", "--model", TINY + ",hierarchy=1@1 1@4 1@1",
                               "--seq_len", "16", "--batch", "2", "--results", str(tmp_path)])
-  assert set(record["rows"]) == {"fixed_avg_k4", "dynamic_whitespace_capacity1", "dynamic_gumbel_capacity1"}
+  assert set(record["rows"]) == {"fixed_avg_k4", "dynamic_whitespace_capacity1", "dynamic_gumbel_capacity1",
+                                 "dynamic_routing_capacity1"}
   assert record["rows"]["fixed_avg_k4"]["vs_fixed"] == 1.0
   assert all(row["median_step_s"] > 0 for row in record["rows"].values())
   assert json.loads((tmp_path / "dynamic_step.json").read_text())[-1]["load_during"]

@@ -1,0 +1,50 @@
+"""hourglass-boundaries: the marked text follows the model's own boundary decisions, from exported weights."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hourglass_jax.cli.boundaries import marked, show
+from hourglass_jax.model import ModelConfig, build_model, decode
+from hourglass_jax.model.hourglass import WHITESPACE_BYTES
+from hourglass_jax.testing import random_variables
+from hourglass_jax.weights import save_params
+from tests.helpers import SMALL
+
+DYNAMIC = dict(SMALL, vocab_size=256, kind="hourglass", hierarchy="1@1 2@3 1@1", shorten="dynamic",
+               upsample="repeat")
+TEXT = b"First Citizen: Before we proceed any further, hear me speak."
+
+
+def exported(tmp_path, **fields):
+  cfg = ModelConfig(**dict(DYNAMIC, **fields))
+  params = decode.unbox_params(random_variables(build_model(cfg), np.zeros((1, 8), np.int32)))
+  save_params(params, cfg, tmp_path)
+  return tmp_path
+
+
+def test_marks_follow_the_whitespace_predictor(tmp_path):
+  text, cuts = show(exported(tmp_path, boundaries="whitespace"), TEXT)
+  np.testing.assert_array_equal(cuts, [byte in WHITESPACE_BYTES for byte in TEXT])
+  assert text.splitlines()[0].startswith("First |Citizen:| |Before |we ")
+  assert f"{int(cuts.sum())} boundaries in {len(TEXT)} bytes" in text and "'whitespace'" in text
+
+
+def test_marked_text_shows_every_byte_once():
+  cuts = np.array([False, True, False, True])
+  assert marked(b"a\nbc", cuts) == "a⏎|bc|"
+
+
+def test_a_fixed_model_is_refused(tmp_path):
+  with pytest.raises(ValueError, match="shorten='dynamic'"):
+    show(exported(tmp_path, shorten="avg"), TEXT)
+
+
+@pytest.mark.slow
+def test_the_command_prints_the_marked_text(tmp_path):
+  weights = exported(tmp_path, boundaries="gumbel")
+  out = subprocess.run([sys.executable, "-m", "hourglass_jax.cli.boundaries", f"--weights={weights}",
+                        f"--text={TEXT.decode()}"], capture_output=True, text=True, check=True).stdout
+  assert out.splitlines()[0].replace("|", "") == TEXT.decode() and "'gumbel'" in out
