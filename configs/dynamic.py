@@ -1,10 +1,11 @@
 """Learned shortening on one CPU: a small Hourglass whose shortened level pools segments with dynamic boundaries
 (dynamic token pooling, Nawrot et al. 2023) on the embedded text corpus; minutes on a laptop.
 
-    hourglass-train --config=configs/dynamic.py:gumbel --workdir=/tmp/dynamic   (or :whitespace, :routing)
+    hourglass-train --config=configs/dynamic.py:gumbel --workdir=/tmp/dynamic   (or :whitespace, :routing, :entropy)
 
 'gumbel' learns where segments close (target: one boundary per 4 bytes); 'routing' (H-Net) starts one where
-adjacent positions differ, held near the same rate by its ratio loss (weight 0.03, as H-Net); 'whitespace' closes
+adjacent positions differ, held near the same rate by its ratio loss (weight 0.03, as H-Net); 'entropy' (BLT) ends
+one where its own next-byte head gets less sure, with a learned threshold; 'whitespace' closes
 one after each space, newline or punctuation byte (about one per 4.2 bytes of English). The model section
 documents the fields."""
 

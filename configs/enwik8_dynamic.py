@@ -1,7 +1,7 @@
 """enwik8 with learned shortening: the enwik8 preset's data, schedule and width, with a 2@1 8@4 2@1 hierarchy
 whose shortened level pools dynamic segments (Nawrot et al. 2023 train a 2-8-2 layer model of this width).
 
-    hourglass-train --config=configs/enwik8_dynamic.py:gumbel --workdir=...   (or :whitespace, :routing)
+    hourglass-train --config=configs/enwik8_dynamic.py:gumbel --workdir=...   (or :whitespace, :routing, :entropy)
 
 Our preset, not a reproduction of their runs; configs/dynamic.py explains the predictors."""
 

@@ -8,7 +8,7 @@ logical axis names on its parameters (so a mesh's rules shard it) and works insi
   Shorten / Upsample     x [B, L, D] <-> [B, L/k, D]: avg | linear | attention_avg | attention_linear, and
                          repeat | linear | attention_repeat | attention_linear | none
   DynamicShorten / DynamicUpsample  learned shortening: x [B, L, D] -> segment means [B, M, D] (boundaries
-                         'gumbel' / 'routing' learned, or given: whitespace_boundaries(tokens)) and each position's last
+                         'gumbel' / 'routing' / 'entropy' learned, or given: whitespace_boundaries(tokens)) and each position's last
                          completed segment back (+ x)
   DecoderStack           pre-LN causal transformer blocks (scanned), ending with LayerNorm
   Hourglass              the whole hierarchy ('2@1 4@3 2@1') as one body; shorten='dynamic' for learned segments

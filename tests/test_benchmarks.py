@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import common, dynamic_decode, dynamic_step, learning, throughput
 from benchmarks.peer_compare import Worker
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
 TINY = "d_model=32,num_heads=4,d_ff=64,dropout=0.0"
 
@@ -30,8 +31,7 @@ def test_throughput_records_costs_timings_and_plot(tmp_path):
 def test_dynamic_step_benchmark_times_each_predictor_against_the_fixed_level(tmp_path):
   record = dynamic_step.main(["--rounds", "1", "--capacities", "1.0", "--model", TINY + ",hierarchy=1@1 1@4 1@1",
                               "--seq_len", "16", "--batch", "2", "--results", str(tmp_path)])
-  assert set(record["rows"]) == {"fixed_avg_k4", "dynamic_whitespace_capacity1", "dynamic_gumbel_capacity1",
-                                 "dynamic_routing_capacity1"}
+  assert set(record["rows"]) == {"fixed_avg_k4", *(f"dynamic_{p}_capacity1" for p in BOUNDARY_PREDICTORS)}
   assert record["rows"]["fixed_avg_k4"]["vs_fixed"] == 1.0
   assert all(row["median_step_s"] > 0 for row in record["rows"].values())
   assert json.loads((tmp_path / "dynamic_step.json").read_text())[-1]["load_during"]

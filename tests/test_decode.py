@@ -144,7 +144,7 @@ def test_other_hierarchies_decoding_matches_forward(hierarchy):
 DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
 DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p) for b in BOUNDARY_PREDICTORS
                  for p in ("rope", "relative")]
-DYNAMIC_QUICK = {0, 3, 4}  # whitespace/rope, gumbel/relative, routing/rope; the rest run in the full suite
+DYNAMIC_QUICK = {0, 3, 4, 7}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative; the rest: slow
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))

@@ -2,6 +2,8 @@
 evaluation and, for 'gumbel', with training noise), gradients reaching the learned predictor through the
 straight-through segments, the boundary prior in the train step's loss and metrics, and clear errors."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -41,7 +43,8 @@ def mixed_variables(model, length: int, **kwargs):
 
 CASES = [(boundaries, length, position) for boundaries in BOUNDARY_PREDICTORS for length in LENGTHS
          for position in ("rope", "relative")]
-QUICK = {("whitespace", 12, "rope"), ("gumbel", 11, "relative"), ("routing", 11, "rope")}  # the rest: full suite
+QUICK = {("whitespace", 12, "rope"), ("gumbel", 11, "relative"), ("routing", 11, "rope"),
+         ("entropy", 12, "relative")}  # the rest run in the full suite
 
 
 @pytest.mark.parametrize("boundaries, length, position",
@@ -81,10 +84,11 @@ def test_gumbel_boundaries_are_causal_with_training_noise(length):
 
 
 @pytest.mark.parametrize("boundaries, module, leaves", [("gumbel", "predictor", (("hidden", "kernel"), ("logit", "bias"))),
-                                                       ("routing", "router", (("query", "kernel"), ("key", "kernel")))])
+                                                       ("routing", "router", (("query", "kernel"), ("key", "kernel"))),
+                                                       ("entropy", "entropy", (("threshold",),))])
 def test_the_predictor_learns_from_the_language_model_loss(boundaries, module, leaves):
   """The straight-through segment weights (and for 'routing' the smoothing) carry the LM loss's gradient to the
-  predictor's parameters (its own loss off)."""
+  predictor's parameters (its own loss off); the entropy head is trained by its own loss alone."""
   cfg = small_config(**DYNAMIC, boundaries=boundaries, boundary_loss_weight=0.0)
   model = build_model(cfg)
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)), jnp.int32)
@@ -95,8 +99,28 @@ def test_the_predictor_learns_from_the_language_model_loss(boundaries, module, l
     return -jax.nn.log_softmax(logits)[..., 0].mean()
 
   grads = jax.jit(jax.grad(lm_loss))(params)["body"]["shorten"][module]
-  for name, leaf in leaves:
-    assert float(jnp.abs(grads[name][leaf]).max()) > 1e-6, (name, leaf)
+  for path in leaves:
+    leaf = functools.reduce(lambda tree, key: tree[key], path, grads)
+    assert float(jnp.abs(leaf).max()) > 1e-6, path
+  if boundaries == "entropy":
+    assert float(jnp.abs(grads["head"]["kernel"]).max()) == 0.0
+
+
+def test_the_entropy_head_learns_to_predict_the_next_token():
+  """Its loss is the cross-entropy of the next token, sown beside the prior; its gradient reaches the head."""
+  cfg = small_config(**DYNAMIC, boundaries="entropy")
+  model = build_model(cfg)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)), jnp.int32)
+  params = nn.meta.unbox(random_variables(model, tokens))["params"]
+
+  def head_loss(params):
+    return sown(model, {"params": params}, tokens)["losses"]["body"]["shorten"]["entropy_head"][0]
+
+  loss, grads = jax.value_and_grad(head_loss)(params)
+  assert 0 < float(loss) < 2 * np.log(cfg.vocab_size)
+  assert params["body"]["shorten"]["entropy"]["head"]["kernel"].shape == (cfg.d_model, cfg.vocab_size)
+  assert float(jnp.abs(grads["body"]["shorten"]["entropy"]["head"]["kernel"]).max()) > 1e-6
+  assert float(jnp.abs(grads["body"]["pre"]["final_norm"]["scale"]).max()) == 0.0  # a probe: no gradient upstream
 
 
 def test_the_train_step_adds_the_boundary_prior_and_reports_the_rates():

@@ -58,9 +58,11 @@ def _attention_tail(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int
 def _shorten(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
   d, short = cfg.d_model, length // k
   params, flops = 0, 0
-  if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1), 'routing' W_q and W_k
+  if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1), 'routing' W_q and W_k,
+    v = cfg.vocab_size             # 'entropy' its head (d -> vocab) and threshold
     return {"gumbel": (d * d + d + d + 1, 2 * length * (d * d + d)),
-            "routing": (2 * d * d, 4 * length * d * d)}.get(cfg.boundaries, (0, 0))
+            "routing": (2 * d * d, 4 * length * d * d),
+            "entropy": (d * v + v + 1, 2 * length * d * v)}.get(cfg.boundaries, (0, 0))
   if cfg.shorten.endswith("linear"):
     params, flops = k * d * d + d, 2 * short * k * d * d
   if cfg.shorten.startswith("attention_"):

@@ -19,7 +19,7 @@ def build_body(cfg: ModelConfig, name: str = "body"):
     return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample,
                      boundaries=cfg.boundaries, segment_capacity=cfg.segment_capacity,
                      gumbel_temperature=cfg.gumbel_temperature, boundary_loss_weight=cfg.boundary_loss_weight,
-                     **options, name=name)
+                     boundary_vocab=cfg.vocab_size, **options, name=name)
   if cfg.kind == "topdown":
     return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
                    upsampler=cfg.upsampler, **options, name=name)
@@ -59,7 +59,10 @@ class HourglassLM(nn.Module):
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
     x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
-    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, **self._given_boundaries(tokens_BxP))
+    given = self._given_boundaries(tokens_BxP)
+    if cfg.dynamic and cfg.boundaries == "entropy":  # targets of the entropy head (the last has none: -1)
+      given["next_tokens_BxL"] = jnp.pad(tokens_BxP[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, **given)
     logits_BxPxV = head(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)
 

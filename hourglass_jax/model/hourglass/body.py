@@ -69,6 +69,7 @@ class Hourglass(LayerOptions):
   segment_capacity: float = 1.5
   gumbel_temperature: float = 0.5
   boundary_loss_weight: float = 1.0
+  boundary_vocab: int = 256
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
@@ -81,7 +82,8 @@ class Hourglass(LayerOptions):
                                self.segment_capacity)
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None):
+  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None,
+               next_tokens_BxL=None):
     hierarchy = parse_hierarchy(self.hierarchy)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     dynamic = self.shorten == "dynamic" and hierarchy.depth
@@ -90,7 +92,7 @@ class Hourglass(LayerOptions):
     if cache is not None:
       return self._decode(hierarchy, options, x_BxLxD, cache, position)
     if dynamic:
-      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL)
+      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL)
     if not hierarchy.depth:
       return self._stack(hierarchy.levels[0][0], "layers", options)(x_BxLxD, deterministic)
     length = x_BxLxD.shape[1]
@@ -102,11 +104,12 @@ class Hourglass(LayerOptions):
     y_BxPxD = self._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
     return y_BxPxD[:, :length]
 
-  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL):
+  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL):
     """pre stack -> segments -> inner stack over them -> each position's last completed segment + x -> post."""
     check_dynamic_level(hierarchy, self.upsample, "Hourglass(shorten='dynamic')")
     x_BxLxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
-    z_BxMxD, segments = self._dynamic_shorten(hierarchy, options)(x_BxLxD, deterministic, boundaries_BxL)
+    z_BxMxD, segments = self._dynamic_shorten(hierarchy, options)(x_BxLxD, deterministic, boundaries_BxL,
+                                                                  next_tokens_BxL=next_tokens_BxL)
     z_BxMxD = self._inner(hierarchy, options)(z_BxMxD, deterministic)
     y_BxLxD = DynamicUpsample(**options, name="upsample")(z_BxMxD, segments, x_BxLxD)
     return self._stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
@@ -114,7 +117,8 @@ class Hourglass(LayerOptions):
   def _dynamic_shorten(self, hierarchy, options):
     return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self.boundaries,
                           segment_capacity=self.segment_capacity, gumbel_temperature=self.gumbel_temperature,
-                          boundary_loss_weight=self.boundary_loss_weight, **options, name="shorten")
+                          boundary_loss_weight=self.boundary_loss_weight, vocab_size=self.boundary_vocab, **options,
+                          name="shorten")
 
   def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at

@@ -3,8 +3,9 @@ whole sequence).
 
 Per row the state holds 'completed' (segments closed so far, capped at M-1: the merged tail never closes), the
 float32 'sum' and 'size' of the open segment and its 'start_prob' (H-Net's smoothing weight, 1 for the first), and
-what the predictor needs of the token before: its 'boundary' decision ('whitespace', 'gumbel'), or its routing
-'key' and whether there was one ('seen', 'routing', which decides b_{t-1} at token t).
+what the predictor needs of the token before: its 'boundary' decision (every predictor but 'routing'), its routing
+'key' ('routing', which decides b_{t-1} at token t) or its next-token 'entropy' ('entropy'), and whether there was
+one ('seen').
 
 A token first closes the open segment if a segment starts at it (b_{t-1} = 1) and the open one is not the merged
 tail: the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
@@ -23,7 +24,7 @@ def new_segment_state(batch: int, d_model: int, dtype) -> dict:
   return {"sum": jnp.zeros((batch, d_model), jnp.float32), "size": jnp.zeros((batch,), jnp.int32),
           "completed": jnp.zeros((batch,), jnp.int32), "start_prob": jnp.ones((batch,), jnp.float32),
           "boundary": jnp.zeros((batch,), bool), "key": jnp.zeros((batch, d_model), dtype),
-          "seen": jnp.zeros((batch,), bool)}
+          "entropy": jnp.zeros((batch,), jnp.float32), "seen": jnp.zeros((batch,), bool)}
 
 
 def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int):

@@ -5,7 +5,8 @@ decisions -> segments -> their means (`DynamicShorten`), and each position's las
 Predictors ('boundaries'): 'whitespace' takes the decisions from outside (`whitespace_boundaries` of the bytes);
 'gumbel' learns them from the level's stream with a binomial prior toward the target rate 1/factor; 'routing'
 (H-Net, Hwang et al. 2025) starts a segment where adjacent positions differ (cosine routing), with H-Net's ratio
-loss and its smoothing of the segment outputs.
+loss and its smoothing of the segment outputs; 'entropy' (BLT, Pagnoni et al. 2024) closes one where the next-byte
+entropy of the level's own prediction head rises by more than a learned threshold.
 """
 
 import math
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 from jax.scipy.special import gammaln
 
 from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ids, segment_start_probs,
@@ -22,7 +24,7 @@ from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ids, s
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import dense, layer_norm
 
-BOUNDARY_PREDICTORS = ("whitespace", "gumbel", "routing")
+BOUNDARY_PREDICTORS = ("whitespace", "gumbel", "routing", "entropy")
 
 
 def max_segments(length: int, factor: int, capacity: float) -> int:
@@ -104,6 +106,39 @@ class RoutingBoundaries(nn.Module):
     return (p_BxL, k_BxLxD[:, -1]) if decoding else p_BxL
 
 
+class EntropyBoundaries(nn.Module):
+  """BLT's entropy rule on the level's stream: a head (Dense d -> vocab) on stop_gradient(x) predicts the next token;
+  e_t is the entropy (bits) of its prediction at t, and b_t = 1 where e_t - e_{t-1} > theta (BLT's "approximate
+  monotonicity" rule: a segment ends where the next byte gets harder to predict). theta, a learned scalar, is
+  trained by the binomial prior toward rate 1/factor through a straight-through sigmoid((e_t - e_{t-1} - theta) /
+  temperature); the entropies carry no gradient, so the head learns from its own next-token loss alone.
+
+  Returns (b [B, L] straight-through, e [B, L], head logits [B, L, vocab]). Decoding passes `previous_entropy_B`,
+  the entropy of the row before x's first (e_{-1} = e_0 at position 0, so nothing closes there)."""
+  cfg: LayerConfig
+  vocab_size: int
+  temperature: float
+
+  @nn.compact
+  def __call__(self, x_BxLxD, deterministic: bool, previous_entropy_B=None, has_previous_B=None):
+    logits_BxLxV = nn.Dense(self.vocab_size, dtype=jnp.float32, name="head",
+                            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "vocab")),
+                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)))(
+                                jax.lax.stop_gradient(x_BxLxD))
+    log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits_BxLxV), axis=-1)
+    e_BxL = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1) / math.log(2)
+    theta = self.param("threshold", nn.with_logical_partitioning(nn.initializers.zeros_init(), ()), ())
+    if previous_entropy_B is None:
+      before_BxL = jnp.concatenate([e_BxL[:, :1], e_BxL[:, :-1]], axis=1)
+    else:
+      first_B = jnp.where(has_previous_B, previous_entropy_B, e_BxL[:, 0])
+      before_BxL = jnp.concatenate([first_B[:, None], e_BxL[:, :-1]], axis=1)
+    rise_BxL = e_BxL - before_BxL - theta
+    hard_BxL = (rise_BxL > 0).astype(jnp.float32)
+    soft_BxL = nn.sigmoid(rise_BxL / self.temperature)
+    return hard_BxL + soft_BxL - jax.lax.stop_gradient(soft_BxL), e_BxL, logits_BxLxV
+
+
 class Segments(NamedTuple):
   """What up-sampling needs of a shortening: each position's segment id and straight-through weight, and for
   'routing' each segment's start probability (the smoothing weights; None otherwise)."""
@@ -153,9 +188,10 @@ class DynamicShorten(LayerOptions):
   segment_capacity: float = 1.5
   gumbel_temperature: float = 0.5
   boundary_loss_weight: float = 1.0
+  vocab_size: int = 256  # 'entropy': the tokens its head predicts
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None):
+  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None, next_tokens_BxL=None):
     check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
@@ -172,6 +208,13 @@ class DynamicShorten(LayerOptions):
     elif self.boundaries == "gumbel":
       b_BxL = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxLxD, deterministic)
       self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
+    elif self.boundaries == "entropy":
+      b_BxL, _, logits_BxLxV = self._entropy(cfg)(x_BxLxD, deterministic)
+      self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
+      if next_tokens_BxL is not None:  # the head's next-token loss; -1 marks a position with no next token
+        valid_BxL = next_tokens_BxL >= 0
+        losses_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, jnp.maximum(next_tokens_BxL, 0))
+        self.sow("losses", "entropy_head", jnp.sum(losses_BxL * valid_BxL) / jnp.maximum(valid_BxL.sum(), 1))
     else:
       b_BxL = self._given(x_BxLxD, boundaries_BxL).astype(jnp.float32)
     hard_BxL = b_BxL > 0.5
@@ -195,18 +238,26 @@ class DynamicShorten(LayerOptions):
                        "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
     return boundaries_BxL
 
+  def _entropy(self, cfg):
+    return EntropyBoundaries(cfg, self.vocab_size, self.gumbel_temperature, name="entropy")
+
   def _starts(self, cfg, x_BxTxD, boundaries_BxT, previous):
     """Cached decoding (see the class doc): where segments start among x's rows, given the rows before."""
     if self.boundaries == "routing":
       p_BxT, key_BxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
       starts_BxT = (p_BxT >= 0.5).at[:, 0].set((p_BxT[:, 0] >= 0.5) & previous["seen"])
       return starts_BxT, p_BxT, dict(key=key_BxD.astype(previous["key"].dtype), seen=jnp.ones_like(previous["seen"]))
+    updates = {}
     if self.boundaries == "gumbel":
       b_BxT = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxTxD, True) > 0.5
+    elif self.boundaries == "entropy":
+      b_BxT, e_BxT, _ = self._entropy(cfg)(x_BxTxD, True, previous["entropy"], previous["seen"])
+      b_BxT = b_BxT > 0.5
+      updates = dict(entropy=e_BxT[:, -1], seen=jnp.ones_like(previous["seen"]))
     else:
       b_BxT = self._given(x_BxTxD, boundaries_BxT).astype(bool)
     starts_BxT = jnp.concatenate([previous["boundary"][:, None], b_BxT[:, :-1]], axis=1)
-    return starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(boundary=b_BxT[:, -1])
+    return starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(updates, boundary=b_BxT[:, -1])
 
 
 class DynamicUpsample(LayerOptions):
