@@ -128,9 +128,9 @@ class Hourglass(LayerOptions):
     cache = dict(cache)
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
-    starts_BxT, probs_BxT, seen = self._dynamic_shorten(hierarchy, options)(x_BxTxD, True, boundaries_BxT,
-                                                                             previous=cache["segment"])
-    state = dict(cache["segment"], **seen)
+    starts_BxT, probs_BxT, previous = self._dynamic_shorten(hierarchy, options)(x_BxTxD, True, boundaries_BxT,
+                                                                                 previous=cache["segment"])
+    state = dict(cache["segment"], **previous)  # what the predictor keeps of x's last token
     num_segments = kv_cache.size(cache["inner"]["layers"]) + 1
     smooth = self.boundaries == "routing"
     if position is None:  # b_t = starts_{t+1}; the last token's boundary is the next step's start
