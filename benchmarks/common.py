@@ -74,6 +74,18 @@ def append_result(name: str, record: dict, results_dir: pathlib.Path | None = No
   return path
 
 
+def finish_record(args, load_before: list[float], timed: dict, rows: dict) -> dict:
+  """The run's record (args, device, load before and during `interleave`, rows), printed and appended to
+  results/<args.name>.json (in args.results when given)."""
+  import jax  # here, not at the top: some benchmarks set XLA flags before jax is first imported
+
+  record = dict(args=vars(args), device=str(jax.devices()[0].device_kind), load_before=load_before,
+                load_during=[round(x, 2) for x in timed["loads"]], rows=rows)
+  print(json.dumps(dict(load_before=load_before, load_during=record["load_during"])))
+  print(f"results: {append_result(args.name, record, args.results)}")
+  return record
+
+
 def load_config(name: str, preset: str | None = None):
   """configs/<name>.py's get_config(preset)."""
   spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")

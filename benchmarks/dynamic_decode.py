@@ -14,7 +14,6 @@ each per round) and the ratios are paired per round. Time on a quiet machine (lo
 """
 
 import argparse
-import json
 import pathlib
 
 import jax
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from benchmarks.common import (append_result, interleave, load_config, loadavg, median, paired_ratios,
+from benchmarks.common import (finish_record, interleave, load_config, loadavg, median, paired_ratios,
                                parse_overrides, parse_with_quick)
 from hourglass_jax.data.embedded import stdlib_bytes
 from hourglass_jax.model import ModelConfig, build_model, decode
@@ -131,11 +130,7 @@ def main(argv=None):
                      time_vs_fixed=round(median(paired_ratios(seconds, base)), 3))
     print(f"{key:<28} {rows[key]['tokens_per_s']:9.1f} tokens/s  {rows[key]['time_vs_fixed']:.3f}x fixed's time  "
           f"center on {rows[key]['center_steps']:.0%} of steps")
-  record = dict(args=vars(args), device=str(jax.devices()[0].device_kind), load_before=load_before,
-                load_during=[round(x, 2) for x in timed["loads"]], rows=rows)
-  print(json.dumps(dict(load_before=load_before, load_during=record["load_during"])))
-  print(f"results: {append_result(args.name, record, args.results)}")
-  return record
+  return finish_record(args, load_before, timed, rows)
 
 
 if __name__ == "__main__":

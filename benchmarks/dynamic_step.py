@@ -9,11 +9,8 @@ max_segments = capacity x L/k + 1 positions, so capacity sets most of the differ
 """
 
 import argparse
-import json
 
-import jax
-
-from benchmarks.common import (append_result, interleave, load_config, loadavg, median, paired_ratios,
+from benchmarks.common import (finish_record, interleave, load_config, loadavg, median, paired_ratios,
                                parse_overrides, parse_with_quick)
 from benchmarks.steps import StepRunner
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
@@ -59,11 +56,7 @@ def main(argv=None):
                       vs_fixed=round(median(paired_ratios(seconds, base)), 3),
                       model_flops=runners[name].facts["model_flops"])
     print(f"{name:<36} {rows[name]['median_step_s'] * 1e3:8.1f} ms/step  {rows[name]['vs_fixed']:.3f}x fixed")
-  record = dict(args=vars(args), device=str(jax.devices()[0].device_kind), load_before=load_before,
-                load_during=[round(x, 2) for x in timed["loads"]], rows=rows)
-  print(json.dumps(dict(load_before=load_before, load_during=record["load_during"])))
-  print(f"results: {append_result(args.name, record, args.results)}")
-  return record
+  return finish_record(args, load_before, timed, rows)
 
 
 if __name__ == "__main__":

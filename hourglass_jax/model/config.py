@@ -51,7 +51,7 @@ class ModelConfig(DerivedLayerSettings):
   boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
   segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
   gumbel_temperature: float = 0.5  # training only: the relaxed Bernoulli's temperature
-  boundary_loss_weight: float = 1.0  # training only: weight of the binomial prior ('gumbel') or ratio loss ('routing')
+  boundary_loss_weight: float = 1.0  # training only: weight of the prior ('gumbel', 'entropy') or ratio loss ('routing')
   dropout: float = 0.0
   attention_dropout: float | None = None  # attention-probability dropout; None = model.dropout (as the paper)
   dtype: str = "float32"

@@ -48,7 +48,7 @@ class HourglassLM(nn.Module):
     head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")
     if cache is not None:  # model/decode: tokens at entries position.. (0.. when None); logits of the last one
       x_BxTxD = nan_rows_with_bad_ids(embed(tokens_BxL), tokens_BxL, cfg.vocab_size)
-      x_BxTxD, cache = build_body(cfg)(x_BxTxD, True, cache, position, **self._given_boundaries(tokens_BxL))
+      x_BxTxD, cache = build_body(cfg)(x_BxTxD, True, cache, position, **self._from_tokens(tokens_BxL))
       return head(x_BxTxD[:, -1]).astype(jnp.float32), cache
     length = tokens_BxL.shape[1]
     if cfg.kind == "retina":
@@ -59,16 +59,17 @@ class HourglassLM(nn.Module):
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
     x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
-    given = self._given_boundaries(tokens_BxP)
-    if cfg.dynamic and cfg.boundaries == "entropy":  # targets of the entropy head (the last has none: -1)
-      given["next_tokens_BxL"] = jnp.pad(tokens_BxP[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
-    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, **given)
+    x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, **self._from_tokens(tokens_BxP, targets=True))
     logits_BxPxV = head(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)
 
-  def _given_boundaries(self, tokens_BxL) -> dict:
-    """The boundaries a dynamic level takes from the bytes rather than predicts, as the body's keyword."""
+  def _from_tokens(self, tokens_BxL, targets: bool = False) -> dict:
+    """What a dynamic level takes from the tokens rather than from its stream, as the body's keywords: the
+    'whitespace' boundaries, and with `targets` (a whole sequence) the 'entropy' head's next tokens (-1 after the
+    last)."""
     cfg = self.cfg
     if cfg.dynamic and cfg.boundaries == "whitespace":
       return {"boundaries_BxL": whitespace_boundaries(tokens_BxL, cfg.boundary_bytes.encode("latin-1"))}
+    if cfg.dynamic and cfg.boundaries == "entropy" and targets:
+      return {"next_tokens_BxL": jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)), constant_values=-1)}
     return {}

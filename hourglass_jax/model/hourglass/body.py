@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic import segment_start_probs, smooth_segments, starts_from_boundaries
+from hourglass_jax.model.hourglass.dynamic import (segment_start_probs, smooth_segments, smooth_step,
+                                                   starts_from_boundaries)
 from hourglass_jax.model.hourglass.dynamic_cache import (close_segment, join_segment, new_segment_state,
                                                          prefill_segments, take_rows)
 from hourglass_jax.model.hourglass.dynamic_level import (DynamicShorten, DynamicUpsample, Segments,
@@ -156,10 +157,8 @@ class Hourglass(LayerOptions):
         per_row = jax.tree.map(lambda a: a[:, :, None], inner)  # [layers, B, ...] -> a batch of 1 per row
         y_Bx1x1xD, per_row = rows(module, mean_Bx1xD[:, None].astype(z_Bx1xD.dtype), per_row, entry_B)
         y_Bx1xD = y_Bx1x1xD[:, 0]
-        if smooth:  # ybar_j = P_j y_j + (1 - P_j) ybar_{j-1}
-          p_Bx1x1 = closed_prob_B[:, None, None]
-          y_Bx1xD = (p_Bx1x1 * y_Bx1xD.astype(jnp.float32) + (1 - p_Bx1x1) * z_Bx1xD.astype(jnp.float32)).astype(
-              z_Bx1xD.dtype)
+        if smooth:
+          y_Bx1xD = smooth_step(z_Bx1xD, y_Bx1xD, closed_prob_B[:, None, None]).astype(z_Bx1xD.dtype)
         return take_rows(closes_B, y_Bx1xD, z_Bx1xD), take_rows(
             closes_B, jax.tree.map(lambda a: a[:, :, 0], per_row), inner, batch_axis=1)
 

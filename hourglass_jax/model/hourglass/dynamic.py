@@ -94,12 +94,17 @@ def segment_start_probs(start_probs_BxL, starts_BxL, ids_BxL, max_segments: int)
   return _segment_reduce(jax.ops.segment_sum, at_start_BxL, ids_BxL, max_segments)
 
 
+def smooth_step(previous_ybar, y, start_prob):
+  """One step of H-Net's smoothing, ybar_j = P_j y_j + (1 - P_j) ybar_{j-1}, in float32 (P broadcasts against y)."""
+  return start_prob * y.astype(jnp.float32) + (1.0 - start_prob) * previous_ybar.astype(jnp.float32)
+
+
 def smooth_segments(y_BxMxD, start_probs_BxM):
-  """H-Net's smoothing of the segment outputs: ybar_j = P_j y_j + (1 - P_j) ybar_{j-1} (a linear recurrence, as
-  an associative scan). A confident boundary (P_j = 1) passes y_j; an unsure one blends in the segment before."""
+  """H-Net's smoothing of the segment outputs (`smooth_step` over j, a linear recurrence run as an associative
+  scan). A confident boundary (P_j = 1) passes y_j; an unsure one blends in the segment before."""
   p_BxMx1 = start_probs_BxM[..., None].astype(jnp.float32)
 
-  def combine(earlier, later):
+  def combine(earlier, later):  # (1 - P, P y) pairs compose as affine maps
     decay_a, value_a = earlier
     decay_b, value_b = later
     return decay_a * decay_b, decay_b * value_a + value_b

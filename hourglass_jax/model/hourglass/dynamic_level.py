@@ -81,6 +81,15 @@ def _identity(key, shape, dtype=jnp.float32):
   return jnp.eye(*shape, dtype=dtype)
 
 
+def _previous_rows(values_BxL, previous_B=None, has_previous_B=None):
+  """values one row later (row t gets row t-1, along axis 1); row 0 gets `previous_B` (decoding: the row before
+  x's first) where `has_previous_B`, else its own value."""
+  first_B = values_BxL[:, 0] if previous_B is None else jnp.where(
+      has_previous_B.reshape(has_previous_B.shape + (1,) * (values_BxL.ndim - 2)), previous_B.astype(values_BxL.dtype),
+      values_BxL[:, 0])
+  return jnp.concatenate([first_B[:, None], values_BxL[:, :-1]], axis=1)
+
+
 class RoutingBoundaries(nn.Module):
   """H-Net's routing: x [B, L, D] -> start probabilities p [B, L], p_t = (1 - cos(W_q x_t, W_k x_{t-1})) / 2 and
   p_0 = 1: a segment starts where the stream changes direction. W_q and W_k start at the identity, as in H-Net.
@@ -97,10 +106,9 @@ class RoutingBoundaries(nn.Module):
     q_BxLxD, k_BxLxD = project("query")(x_BxLxD), project("key")(x_BxLxD)
     unit = lambda v: v.astype(jnp.float32) * jax.lax.rsqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), -1,
                                                                    keepdims=True) + 1e-12)
-    decoding = previous_key_BxD is not None
-    first_Bx1xD = previous_key_BxD[:, None].astype(k_BxLxD.dtype) if decoding else k_BxLxD[:, :1]
-    before_BxLxD = jnp.concatenate([first_Bx1xD, k_BxLxD[:, :-1]], axis=1)
+    before_BxLxD = _previous_rows(k_BxLxD, previous_key_BxD, has_previous_B)
     p_BxL = (1.0 - jnp.sum(unit(q_BxLxD) * unit(before_BxLxD), axis=-1)) / 2
+    decoding = previous_key_BxD is not None
     has_before_B = has_previous_B if decoding else jnp.zeros(x_BxLxD.shape[:1], bool)
     p_BxL = p_BxL.at[:, 0].set(jnp.where(has_before_B, p_BxL[:, 0], 1.0))
     return (p_BxL, k_BxLxD[:, -1]) if decoding else p_BxL
@@ -120,20 +128,16 @@ class EntropyBoundaries(nn.Module):
   temperature: float
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool, previous_entropy_B=None, has_previous_B=None):
+  def __call__(self, x_BxLxD, previous_entropy_B=None, has_previous_B=None):
     logits_BxLxV = nn.Dense(self.vocab_size, dtype=jnp.float32, name="head",
-                            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "vocab")),
+                            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                                     ("embed", "vocab")),
                             bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)))(
                                 jax.lax.stop_gradient(x_BxLxD))
     log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits_BxLxV), axis=-1)
     e_BxL = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1) / math.log(2)
     theta = self.param("threshold", nn.with_logical_partitioning(nn.initializers.zeros_init(), ()), ())
-    if previous_entropy_B is None:
-      before_BxL = jnp.concatenate([e_BxL[:, :1], e_BxL[:, :-1]], axis=1)
-    else:
-      first_B = jnp.where(has_previous_B, previous_entropy_B, e_BxL[:, 0])
-      before_BxL = jnp.concatenate([first_B[:, None], e_BxL[:, :-1]], axis=1)
-    rise_BxL = e_BxL - before_BxL - theta
+    rise_BxL = e_BxL - _previous_rows(e_BxL, previous_entropy_B, has_previous_B) - theta
     hard_BxL = (rise_BxL > 0).astype(jnp.float32)
     soft_BxL = nn.sigmoid(rise_BxL / self.temperature)
     return hard_BxL + soft_BxL - jax.lax.stop_gradient(soft_BxL), e_BxL, logits_BxLxV
@@ -168,20 +172,22 @@ def check_dynamic_level(hierarchy, upsample: str, owner: str) -> None:
 
 class DynamicShorten(LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at boundaries predicted by
-  `boundaries` ('gumbel', 'routing'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace'). `factor` is the
-  target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2 share
-  the merged tail M-1, which no position reads. 'routing' decides b_t (close after t) from positions t and t+1:
+  `boundaries` ('gumbel', 'routing', 'entropy'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace').
+  `factor` is the target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past
+  segment M-2 share the merged tail M-1, which no position reads. 'routing' decides b_t (close after t) from positions t and t+1:
   H-Net starts a segment at t+1 where it differs from t. That is causal here: b_t only changes which segment
   positions after t read.
 
-  Sows into 'losses' the boundary prior ('gumbel') or the ratio loss ('routing') times `boundary_loss_weight`, and
+  Sows into 'losses' the boundary prior ('gumbel', 'entropy') or the ratio loss ('routing') times
+  `boundary_loss_weight` ('entropy' adds its head's next-token loss when given `next_tokens_BxL`, -1 where there is
+  none), and
   into 'metrics' the realised 'shortening_rate' (positions per boundary), 'boundary_rate' and 'segment_overflow'
   (the fraction of positions in the merged tail: raise segment_capacity when it is not ~0). Apply with
   mutable=['losses', 'metrics'] to read them.
 
   Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and gets, per row of x,
   (starts [B, T]: a segment starts at t, i.e. b_{t-1} = 1; start probabilities [B, T]; the state's 'boundary',
-  'key' and 'seen' after x).
+  'key', 'entropy' and 'seen' after x, as far as the predictor keeps them).
   """
   factor: int = 4
   boundaries: str = "gumbel"
@@ -209,7 +215,7 @@ class DynamicShorten(LayerOptions):
       b_BxL = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxLxD, deterministic)
       self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
     elif self.boundaries == "entropy":
-      b_BxL, _, logits_BxLxV = self._entropy(cfg)(x_BxLxD, deterministic)
+      b_BxL, _, logits_BxLxV = self._entropy(cfg)(x_BxLxD)
       self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
       if next_tokens_BxL is not None:  # the head's next-token loss; -1 marks a position with no next token
         valid_BxL = next_tokens_BxL >= 0
@@ -251,7 +257,7 @@ class DynamicShorten(LayerOptions):
     if self.boundaries == "gumbel":
       b_BxT = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxTxD, True) > 0.5
     elif self.boundaries == "entropy":
-      b_BxT, e_BxT, _ = self._entropy(cfg)(x_BxTxD, True, previous["entropy"], previous["seen"])
+      b_BxT, e_BxT, _ = self._entropy(cfg)(x_BxTxD, previous["entropy"], previous["seen"])
       b_BxT = b_BxT > 0.5
       updates = dict(entropy=e_BxT[:, -1], seen=jnp.ones_like(previous["seen"]))
     else:
