@@ -174,9 +174,9 @@ class DynamicShorten(LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at boundaries predicted by
   `boundaries` ('gumbel', 'routing', 'entropy'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace').
   `factor` is the target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past
-  segment M-2 share the merged tail M-1, which no position reads. 'routing' decides b_t (close after t) from positions t and t+1:
-  H-Net starts a segment at t+1 where it differs from t. That is causal here: b_t only changes which segment
-  positions after t read.
+  segment M-2 share the merged tail M-1, which no position reads. 'routing' decides b_t (close after t) from
+  positions t and t+1: H-Net starts a segment at t+1 where it differs from t. That is causal here: b_t only
+  changes which segment positions after t read.
 
   Sows into 'losses' the boundary prior ('gumbel', 'entropy') or the ratio loss ('routing') times
   `boundary_loss_weight` ('entropy' adds its head's next-token loss when given `next_tokens_BxL`, -1 where there is
