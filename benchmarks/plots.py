@@ -82,3 +82,30 @@ def _save(fig, path: pathlib.Path) -> pathlib.Path:
   fig.savefig(path, dpi=110)
   _pyplot().close(fig)
   return path
+
+
+def bits_against_flops(runs: list[dict], models: list[str], path: pathlib.Path) -> pathlib.Path:
+  """The shortening study: validation bits per byte against training FLOPs, one panel per corpus, one line per
+  model (the mean over seeds of `runs`, each model's runs at its chosen rate) and each seed's run as a dot."""
+  plt = _pyplot()
+  corpora = list(dict.fromkeys(r["corpus_id"] for r in runs))
+  fig, axes = plt.subplots(1, len(corpora), figsize=(7 * len(corpora), 4.8), squeeze=False)
+  for ax, corpus_id in zip(axes[0], corpora):
+    for i, model in enumerate(models):
+      grid = [r for r in runs if r["corpus_id"] == corpus_id and r["model"] == model
+              and r.get("valid_bits") is not None]
+      if not grid:
+        continue
+      color, style = f"C{i % 10}", "--" if model.startswith("fixed") or model == "vanilla" else "-"
+      budgets = sorted({r["budget_tflop"] for r in grid})
+      means = [sum(r["valid_bits"] for r in grid if r["budget_tflop"] == b)
+               / sum(1 for r in grid if r["budget_tflop"] == b) for b in budgets]
+      ax.plot(budgets, means, color=color, linestyle=style, marker="o", label=model)
+      ax.scatter([r["budget_tflop"] for r in grid], [r["valid_bits"] for r in grid], color=color, s=10, alpha=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="training FLOPs (analytic, TFLOP)", ylabel="validation bits per byte",
+           title=next(r["corpus"] for r in runs if r["corpus_id"] == corpus_id).split(" (")[0])
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("Compute-matched shortening study (lines: mean over seeds; dots: each seed)")
+  return _save(fig, path)

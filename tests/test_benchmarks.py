@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks import common, dynamic_decode, dynamic_step, learning, throughput
+from benchmarks import common, dynamic_decode, dynamic_step, learning, shortening_study, throughput
 from benchmarks.peer_compare import Worker
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
@@ -59,6 +59,53 @@ def test_equal_flop_budget_gives_the_cheaper_model_more_steps():
     assert abs(cfg.train.steps * learning.model_flops(cfg) - budget) <= learning.model_flops(cfg)
   assert hourglass.train.steps > vanilla.train.steps
   assert vanilla.model.d_model == hourglass.model.d_model == 32
+
+
+def _study_run(args, model, budget, seed, rate, bits, boundary_rate=None):
+  metrics = {"body/level1/boundary_rate": boundary_rate} if boundary_rate is not None else {}
+  return dict(key=shortening_study.run_key(args, "corpus", model, budget, seed, rate), corpus_id="corpus",
+              model=model, budget_tflop=budget, seed=seed, learning_rate=rate, valid_bits=bits, eval_metrics=metrics)
+
+
+def test_shortening_study_sweeps_rates_at_the_middle_budget_then_trains_every_budget_at_the_best():
+  args = shortening_study.parse_args(["--models", "vanilla,dynamic_gumbel", "--budgets_tflop", "1,4,16",
+                                      "--learning_rates", "1e-3,3e-3", "--seeds", "0,1"])
+  sweep = shortening_study.planned_runs(args, "corpus", [])
+  assert sorted(sweep) == sorted(("sweep", m, 4.0, 0, r) for m in ("vanilla", "dynamic_gumbel") for r in (1e-3, 3e-3))
+  runs = [_study_run(args, "vanilla", 4.0, 0, 1e-3, 2.5), _study_run(args, "vanilla", 4.0, 0, 3e-3, 2.4),
+          _study_run(args, "dynamic_gumbel", 4.0, 0, 1e-3, 2.3, 0.26),
+          _study_run(args, "dynamic_gumbel", 4.0, 0, 3e-3, None)]  # diverged: never chosen
+  assert shortening_study.pick_learning_rates(runs, "corpus", 4.0) == {"vanilla": 3e-3, "dynamic_gumbel": 1e-3}
+  grid = shortening_study.planned_runs(args, "corpus", runs)
+  # 3 budgets x 2 seeds x 2 models, less the two sweep runs at the chosen rate (middle budget, seed 0)
+  assert len(grid) == 10 and {stage for stage, *_ in grid} == {"grid"}
+  assert {(m, r) for _, m, _, _, r in grid} == {("vanilla", 3e-3), ("dynamic_gumbel", 1e-3)}
+  assert ("grid", "vanilla", 4.0, 0, 3e-3) not in grid and ("grid", "vanilla", 4.0, 1, 3e-3) in grid
+
+
+def test_shortening_study_table_reports_chosen_rates_means_and_the_gap_to_fixed():
+  args = shortening_study.parse_args(["--models", "fixed_avg,dynamic_routing", "--budgets_tflop", "1,4",
+                                      "--learning_rates", "1e-3,3e-3", "--seeds", "0,1"])
+  runs = [_study_run(args, "fixed_avg", 4.0, 0, 1e-3, 2.0), _study_run(args, "fixed_avg", 4.0, 0, 3e-3, 2.2),
+          _study_run(args, "fixed_avg", 4.0, 1, 1e-3, 2.2), _study_run(args, "fixed_avg", 1.0, 0, 1e-3, 3.0),
+          _study_run(args, "dynamic_routing", 4.0, 0, 3e-3, 1.9, 0.24),
+          _study_run(args, "dynamic_routing", 4.0, 1, 3e-3, 1.7, 0.26)]
+  text = shortening_study.table(runs, "corpus", [1.0, 4.0], ["fixed_avg", "dynamic_routing"])
+  assert "| fixed_avg | 0.001 | 3.000 (1) | 2.100 (2) |  |" in text  # the 3e-3 sweep run is not averaged in
+  assert "| dynamic_routing | 0.003 |  | 1.800 (2) | 0.250 |" in text
+  assert "4 TFLOP: best learned dynamic_routing 1.800; fixed_avg +0.300" in text
+
+
+@pytest.mark.slow
+def test_shortening_study_trains_records_and_resumes(tmp_path):
+  argv = ["--quick", "--models", "dynamic_whitespace", "--budgets_tflop", "0.002", "--results", str(tmp_path)]
+  argv += [] if importlib.util.find_spec("matplotlib") else ["--no_plot"]
+  (run,) = shortening_study.main(argv)
+  assert run["valid_bits"] > 0 and run["steps"] * run["flops_per_step"] >= 0.002e12 - run["flops_per_step"]
+  assert 0 < shortening_study.boundary_rate(run) < 1
+  assert shortening_study.main(argv) == []  # every planned run is recorded: nothing trains again
+  assert len(json.loads((tmp_path / "shortening_study_quick.json").read_text())) == 1
+  assert "| dynamic_whitespace | 0.003 |" in (tmp_path / "shortening_study_quick.md").read_text()
 
 
 def test_peer_driver_speaks_the_worker_protocol():

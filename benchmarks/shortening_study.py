@@ -1,0 +1,266 @@
+"""Compute-matched study of shortening: validation bits per byte against training FLOPs for the vanilla baseline,
+fixed-factor Hourglass (avg, linear and attention resampling) and each learned-shortening predictor.
+
+    .venv/bin/python benchmarks/shortening_study.py [--corpus PATH] [--models vanilla,fixed_avg,...]
+        [--budgets_tflop 1,4,16] [--learning_rates 1e-3,3e-3,1e-2] [--seeds 0,1] [--max_minutes M] [--quick]
+
+Every model has the same widths (d 128 / 4 heads / ff 512 by default, no dropout) and trains on the same data order,
+batch and length; the shortened ones use `2@1 4@4 2@1` (factor 4; the learned ones aim at one boundary per 4 bytes,
+segment_capacity 1.5), vanilla `8@1`. A run trains for budget / (the model's analytic FLOPs per step) steps with a
+cosine schedule after 5% warmup, then scores the whole validation split (bits per byte; for the learned ones also
+the boundary rate realised in evaluation).
+
+Procedure, per corpus: each model's learning rate is the one of --learning_rates with the lowest validation bits per
+byte at the middle budget (the first seed); then every budget x seed trains with that rate. Runs are appended to
+results/<name>.json one at a time, and a rerun skips every run already recorded there (same corpus, model, budget,
+seed, rate, widths, shape), so the study can run in pieces: --max_minutes starts no run past that many minutes.
+results/<name>.md (the table) and results/<name>.png (bits per byte against FLOPs) are rewritten from all recorded
+runs at the end of each call; --report_only rewrites them without training.
+"""
+
+import os
+import pathlib
+
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, append_result, loadavg, parse_overrides, parse_with_quick  # noqa: E402
+from benchmarks.models import bench_config  # noqa: E402
+from benchmarks.steps import model_flops  # noqa: E402
+from hourglass_jax.config.dynamic import with_dynamic_shortening  # noqa: E402
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS  # noqa: E402
+from hourglass_jax.train.checks import TrainError  # noqa: E402
+from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
+
+SHORTENED = "2@1 4@4 2@1"
+MODELS = {
+    "vanilla": dict(kind="vanilla", hierarchy="8@1"),
+    "fixed_avg": dict(hierarchy=SHORTENED, shorten="avg", upsample="repeat"),
+    "fixed_linear": dict(hierarchy=SHORTENED, shorten="linear", upsample="linear"),
+    "fixed_attention": dict(hierarchy=SHORTENED, shorten="attention_avg", upsample="attention_repeat"),
+    **{f"dynamic_{predictor}": dict(hierarchy=SHORTENED, boundaries=predictor) for predictor in BOUNDARY_PREDICTORS},
+}
+LN2 = math.log(2.0)
+QUICK = dict(budgets_tflop="0.002,0.004,0.008", learning_rates="3e-3", seeds="0", seq_len=32, batch=8,
+             model="d_model=32,num_heads=4,d_ff=64", models="vanilla,fixed_avg,dynamic_whitespace")
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="tiny models and budgets: checks the script in a minute")
+  parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of: {', '.join(MODELS)}")
+  parser.add_argument("--budgets_tflop", default="1,4,16", help="analytic training FLOPs per run, ascending")
+  parser.add_argument("--learning_rates", default="1e-3,3e-3,1e-2", help="tried per model at the middle budget")
+  parser.add_argument("--seeds", default="0,1")
+  parser.add_argument("--seq_len", type=int, default=256)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--model", default="d_model=128,num_heads=4,d_ff=512", help="width overrides (every model)")
+  parser.add_argument("--corpus", default="", metavar="PATH",
+                      help="a text file (split 90/5/5 in order); default: the embedded corpus (data.name=stdlib_text)")
+  parser.add_argument("--max_minutes", type=float, default=0.0, help="start no run after this long (0: no limit)")
+  parser.add_argument("--report_only", action="store_true", help="rewrite the table and plot; train nothing")
+  parser.add_argument("--results", default="", help="folder of the results (default benchmarks/results)")
+  parser.add_argument("--name", default="shortening_study")
+  parser.add_argument("--no_plot", action="store_true")
+  args = parse_with_quick(parser, argv, QUICK)
+  unknown = [m for m in args.models.split(",") if m not in MODELS]
+  if unknown:
+    parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+  budgets = floats(args.budgets_tflop)
+  if budgets != sorted(budgets) or len(set(budgets)) != len(budgets):
+    parser.error(f"--budgets_tflop={args.budgets_tflop}: give distinct budgets in ascending order")
+  return args
+
+
+def floats(text: str) -> list[float]:
+  return [float(x) for x in text.split(",")]
+
+
+def corpus_facts(path: str) -> dict:
+  """The corpus as a user can reproduce it (file name, size, SHA-256; never this machine's path) and its id."""
+  if not path:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return dict(id=f"stdlib_text-py{version}",
+                description=f"the embedded corpus (data.name=stdlib_text: the Python {version} standard library)")
+  file = pathlib.Path(path).expanduser()
+  if not file.is_file():
+    raise SystemExit(f"--corpus={path}: no such file; name a text file, or leave --corpus out for the embedded "
+                     "corpus.")
+  data = file.read_bytes()
+  digest = hashlib.sha256(data).hexdigest()
+  return dict(id=f"{file.name}-{digest[:12]}", description=f"{file.name} ({len(data):,} bytes, sha256 {digest})")
+
+
+def study_config(args, model: str, budget_tflop: float, seed: int, learning_rate: float):
+  """The training config of one run: `model` at the study's widths, trained for `budget_tflop` of analytic FLOPs."""
+  overrides = dict(MODELS[model])
+  predictor = overrides.pop("boundaries", None)
+  cfg = bench_config("hourglass", args.seq_len, args.batch, dropout=0.0, **parse_overrides(args.model))
+  cfg.model.update(overrides)
+  if predictor:
+    cfg = with_dynamic_shortening(cfg, predictor, "shortening_study")
+    cfg.model.segment_capacity = 1.5
+  if args.corpus:
+    cfg.data.update(name="text_file", path=str(pathlib.Path(args.corpus).expanduser()))
+  else:
+    cfg.data.update(name="stdlib_text")
+  cfg.data.update(train_stride=args.seq_len, eval_batches=0)
+  steps = max(2, round(budget_tflop * 1e12 / model_flops(cfg)))
+  cfg.train.update(steps=steps, seed=seed, learning_rate=learning_rate, schedule="cosine",
+                   warmup_steps=max(1, steps // 20), log_every=max(1, steps // 20), eval_every=0,
+                   peak_flops_per_device=1e9)
+  return cfg
+
+
+def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning_rate: float) -> str:
+  return f"{corpus_id}|{model}|{budget:g}T|seed{seed}|lr{learning_rate:g}|{args.model}|{args.batch}x{args.seq_len}"
+
+
+def train_once(cfg) -> dict:
+  """Trains cfg in a temporary workdir; validation bits per byte (None if the loss diverged), sown metrics, losses."""
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory() as workdir:
+    try:
+      summary = train_and_evaluate(cfg, workdir, log=lambda message: None)
+    except TrainError as error:  # a learning rate too high for the model: recorded, and loses the sweep
+      return dict(valid_bits=None, error=str(error).splitlines()[0], wall_s=round(time.perf_counter() - start, 1))
+  return dict(valid_bits=summary["eval"]["bits"], valid_tokens=summary["eval"]["tokens"],
+              eval_metrics=summary["eval"]["metrics"], final_train_bits=summary["losses"][cfg.train.steps] / LN2,
+              losses={str(k): v / LN2 for k, v in summary["losses"].items()},
+              tokens_per_s=summary.get("tokens_per_second"), wall_s=round(time.perf_counter() - start, 1))
+
+
+def recorded_runs(args, path: pathlib.Path) -> list[dict]:
+  """The runs in the results file at this call's widths and shape (other shapes stay in the file, unread)."""
+  runs = json.loads(path.read_text()) if path.exists() else []
+  return [r for r in runs if (r["widths"], r["batch"], r["seq_len"]) == (args.model, args.batch, args.seq_len)]
+
+
+def score(run: dict) -> float:
+  return run["valid_bits"] if run.get("valid_bits") is not None else math.inf
+
+
+def pick_learning_rates(runs: list[dict], corpus_id: str, middle: float, seed: int = 0) -> dict:
+  """{model: the rate with the lowest validation bits per byte at the middle budget and the sweep's seed}."""
+  best = {}
+  for run in runs:
+    if run["corpus_id"] == corpus_id and run["budget_tflop"] == middle and run["seed"] == seed:
+      if run["model"] not in best or score(run) < score(best[run["model"]]):
+        best[run["model"]] = run
+  return {model: run["learning_rate"] for model, run in best.items()}
+
+
+def planned_runs(args, corpus_id: str, runs: list[dict]) -> list[tuple]:
+  """(stage, model, budget, seed, rate) still to train, in order: the rate sweep, then each budget's seeds."""
+  budgets, rates = floats(args.budgets_tflop), floats(args.learning_rates)
+  seeds, models = [int(s) for s in args.seeds.split(",")], args.models.split(",")
+  middle, done = budgets[len(budgets) // 2], {run["key"] for run in runs}
+  plan = [("sweep", m, middle, seeds[0], lr) for lr in rates for m in models]
+  if all(run_key(args, corpus_id, *p[1:]) in done for p in plan):  # swept: each model's best rate is known
+    chosen = pick_learning_rates(runs, corpus_id, middle, seeds[0])
+    plan += [("grid", m, b, s, chosen[m]) for b in budgets for s in seeds for m in models]
+  return [p for p in dict.fromkeys(plan) if run_key(args, corpus_id, *p[1:]) not in done]
+
+
+def boundary_rate(run: dict) -> float | None:
+  rates = [v for k, v in run.get("eval_metrics", {}).items() if k.endswith("boundary_rate")]
+  return rates[0] if rates else None
+
+
+def chosen_runs(runs: list[dict], corpus_id: str, budgets: list[float], sweep_seed: int = 0) -> list[dict]:
+  """The corpus's runs at each model's chosen rate (the sweep's best at the middle budget)."""
+  chosen = pick_learning_rates(runs, corpus_id, budgets[len(budgets) // 2], sweep_seed)
+  return [r for r in runs if r["corpus_id"] == corpus_id and r["learning_rate"] == chosen.get(r["model"])
+          and r["budget_tflop"] in budgets]
+
+
+def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[str], sweep_seed: int = 0) -> str:
+  """Markdown: per model its chosen rate, mean validation bits per byte (seeds) at each budget, and the evaluation
+  boundary rate of the learned ones; then, per budget, the gap of the best learned model to fixed_avg and vanilla."""
+  chosen = pick_learning_rates(runs, corpus_id, budgets[len(budgets) // 2], sweep_seed)
+  picked = chosen_runs(runs, corpus_id, budgets, sweep_seed)
+  cell, lines = {(m, b): [r for r in picked if r["model"] == m and r["budget_tflop"] == b]
+                 for m in models for b in budgets}, []
+  lines.append("| model | learning rate | " + " | ".join(f"{b:g} TFLOP" for b in budgets) + " | eval boundary rate |")
+  lines.append("|---|---:|" + "---:|" * len(budgets) + "---:|")
+  for model in models:
+    values = []
+    for budget in budgets:
+      bits = [score(r) for r in cell[model, budget]]
+      values.append("" if not bits else f"{statistics.mean(bits):.3f} ({len(bits)})")
+    top = next((cell[model, b] for b in reversed(budgets) if cell[model, b]), [])
+    rates = [boundary_rate(r) for r in top if boundary_rate(r) is not None]
+    rate_text = f"{statistics.mean(rates):.3f}" if rates else ""
+    lines.append(f"| {model} | {chosen.get(model, '')} | " + " | ".join(values) + f" | {rate_text} |")
+  lines.append("")
+  lines.append("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf.")
+  for budget in budgets:
+    means = {m: statistics.mean(map(score, cell[m, budget])) for m in models if cell[m, budget]}
+    learned = {m: v for m, v in means.items() if m.startswith("dynamic_")}
+    if learned and "fixed_avg" in means:
+      best = min(learned, key=learned.get)
+      vanilla = f", vanilla {means['vanilla'] - learned[best]:+.3f}" if "vanilla" in means else ""
+      lines.append(f"- {budget:g} TFLOP: best learned {best} {learned[best]:.3f}; fixed_avg "
+                   f"{means['fixed_avg'] - learned[best]:+.3f}{vanilla} relative to it")
+  return "\n".join(lines)
+
+
+def report(args, runs: list[dict], out_dir: pathlib.Path) -> pathlib.Path:
+  budgets, models, sweep_seed = floats(args.budgets_tflop), args.models.split(","), int(args.seeds.split(",")[0])
+  sections = []
+  for corpus_id in dict.fromkeys(r["corpus_id"] for r in runs):
+    description = next(r["corpus"] for r in runs if r["corpus_id"] == corpus_id)
+    sections.append(f"## {description}\n\n{table(runs, corpus_id, budgets, models, sweep_seed)}\n")
+  path = out_dir / f"{args.name}.md"
+  path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, batch {args.batch} x "
+                  f"{args.seq_len} bytes, no dropout, AdamW with 5% warmup and cosine decay; the rate picked per model "
+                  f"from {args.learning_rates} at the middle budget (seed {sweep_seed}).\n\n" + "\n".join(sections))
+  if not args.no_plot and runs:
+    from benchmarks import plots
+    picked = [r for c in dict.fromkeys(r["corpus_id"] for r in runs) for r in chosen_runs(runs, c, budgets, sweep_seed)]
+    print(f"plot: {plots.bits_against_flops(picked, models, out_dir / f'{args.name}.png')}")
+  return path
+
+
+def main(argv=None) -> list[dict]:
+  args = parse_args(argv)
+  corpus = corpus_facts(args.corpus)  # before training: a missing file fails here
+  out_dir = pathlib.Path(args.results) if args.results else RESULTS
+  path = out_dir / f"{args.name}.json"
+  start, trained = time.perf_counter(), []
+  while not args.report_only:
+    plan = planned_runs(args, corpus["id"], recorded_runs(args, path))
+    if not plan:
+      break
+    if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
+      print(f"--max_minutes={args.max_minutes:g} reached with {len(plan)} runs left; rerun to go on")
+      break
+    stage, model, budget, seed, learning_rate = plan[0]
+    cfg = study_config(args, model, budget, seed, learning_rate)
+    print(f"[{(time.perf_counter() - start) / 60:.1f} min, {len(plan)} runs left] {stage}: {model} "
+          f"{budget:g} TFLOP seed {seed} rate {learning_rate:g} ({cfg.train.steps} steps)", flush=True)
+    run = dict(key=run_key(args, corpus["id"], model, budget, seed, learning_rate), corpus_id=corpus["id"],
+               corpus=corpus["description"], stage=stage, model=model, budget_tflop=budget, seed=seed,
+               learning_rate=learning_rate, steps=cfg.train.steps, flops_per_step=model_flops(cfg),
+               hierarchy=cfg.model.hierarchy, widths=args.model, batch=args.batch, seq_len=args.seq_len,
+               **train_once(cfg), load=loadavg())
+    append_result(args.name, run, out_dir)
+    trained.append(run)
+    print(f"  valid {score(run):.4f} bits/byte, boundary rate {boundary_rate(run)}, {run['wall_s']} s, "
+          f"load {run['load'][0]}", flush=True)
+  print(f"table: {report(args, recorded_runs(args, path), out_dir)}")
+  return trained
+
+
+if __name__ == "__main__":
+  main()
