@@ -82,12 +82,14 @@ def test_analytic_flops_match_xla_cost_analysis(kind, hierarchy, shorten, upsamp
   assert 0.9 < ours / xla_flops <= 1.02, (ours, xla_flops)
 
 
-@pytest.mark.parametrize("boundaries", BOUNDARY_PREDICTORS)
-@pytest.mark.parametrize("position", ["rope", "relative"])
-def test_analytic_counts_follow_a_dynamic_level(boundaries, position):
-  """Params as initialised (the 'gumbel' MLP included); the center runs over max_segments positions."""
+@pytest.mark.parametrize("boundaries, position, pooling",
+                         [(b, p, "mean") for b in BOUNDARY_PREDICTORS for p in ("rope", "relative")]
+                         + [("gumbel", "rope", "linear")])
+def test_analytic_counts_follow_a_dynamic_level(boundaries, position, pooling):
+  """Params as initialised (the 'gumbel' MLP and 'linear' pooling's matrices included); the center runs over
+  max_segments positions."""
   cfg = small_config(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat", boundaries=boundaries,
-                     position=position, segment_capacity=1.5)
+                     position=position, segment_capacity=1.5, segment_pooling=pooling)
   shapes = jax.eval_shape(build_model(cfg).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))["params"]
   assert sum(x.size for x in jax.tree.leaves(shapes)) == counting.total_params(cfg)
   center = next(p for p in counting.count(cfg, 24) if p.name.startswith("center"))

@@ -95,7 +95,8 @@ def decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len, tokens_BxL=
 def describe(cfg):
   if cfg.kind in ("topdown", "bottomup", "retina"):
     return f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.position}"
-  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
+  dynamic = f" {cfg.boundaries} {cfg.segment_pooling}" if cfg.shorten == "dynamic" else ""
+  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample}{dynamic} {cfg.position}"
 
 
 def assert_decoding_matches_forward(cfg, case: int = 0):
@@ -143,8 +144,11 @@ def test_other_hierarchies_decoding_matches_forward(hierarchy):
 
 DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
 DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p) for b in BOUNDARY_PREDICTORS
-                 for p in ("rope", "relative")]
-DYNAMIC_QUICK = {0, 3, 4, 7}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative; the rest: slow
+                 for p in ("rope", "relative")] + [
+                     small_config(**DYNAMIC, boundaries=b, position=p, segment_pooling="linear")
+                     for b, p in zip(BOUNDARY_PREDICTORS, ("relative", "rope", "relative", "rope"))]
+DYNAMIC_QUICK = {0, 3, 4, 7, 9}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative, gumbel/rope
+                                 # with linear pooling; the rest: slow
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))
@@ -158,10 +162,11 @@ def test_dynamic_decoding_matches_forward(case):
   assert_decoding_matches_forward(cfg, case)
 
 
-def test_dynamic_decoding_past_the_segment_capacity_matches_forward():
+@pytest.mark.parametrize("pooling", ["mean", "linear"])
+def test_dynamic_decoding_past_the_segment_capacity_matches_forward(pooling):
   """segment_capacity 0.5 keeps 3 segments of the 12-position cache: most rows fill them and go on in the merged
   tail, whose tokens read the last completed segment and close nothing."""
-  cfg = small_config(**DYNAMIC, boundaries="whitespace", segment_capacity=0.5)
+  cfg = small_config(**DYNAMIC, boundaries="whitespace", segment_capacity=0.5, segment_pooling=pooling)
   model, params = model_and_params(cfg)
   closed_B = eval_boundaries(model, {"params": params}).sum(axis=1)
   assert (closed_B > 2).mean() > 0.5 and (closed_B <= 2).any()

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ends, segment_ids, segment_start_probs,
-                                                   smooth_segments, starts_from_boundaries, straight_through_weights,
-                                                   upsample_segments, whitespace_boundaries)
+from hourglass_jax.model.hourglass.dynamic import (pool_segments, positions_in_segments, segment_ends, segment_ids,
+                                                   segment_start_probs, smooth_segments, starts_from_boundaries,
+                                                   straight_through_weights, upsample_segments, whitespace_boundaries)
 from hourglass_jax.model.hourglass.dynamic_level import ratio_loss
 
 RNG = np.random.default_rng(0)
@@ -46,6 +46,21 @@ def test_ops_follow_their_definitions(max_segments):
     np.testing.assert_array_equal(ends[row], want_ends)
     np.testing.assert_array_equal(completed[row], want_ends < 29)
     np.testing.assert_allclose(up[row], want_up, atol=1e-6)
+
+
+def test_positions_in_segments_count_from_each_start_and_continue_an_open_segment():
+  starts_BxL = RNG.random((3, 17)) < 0.3
+  starts_BxL[:, 0] = [True, False, False]  # rows 1 and 2 continue a segment opened before them (decoding)
+  starts_BxL[2] = False
+  open_B = np.array([0, 5, 2])
+  got = positions_in_segments(jnp.asarray(starts_BxL), jnp.asarray(open_B))
+  for row in range(3):
+    want, count = [], open_B[row] - 1
+    for start in starts_BxL[row]:
+      count = 0 if start else count + 1
+      want.append(count)
+    np.testing.assert_array_equal(got[row], want)
+  np.testing.assert_array_equal(positions_in_segments(jnp.asarray(starts_BxL[:1]))[0], got[0])
 
 
 def causal_model(x_BxLxD, b_BxL, max_segments=6):

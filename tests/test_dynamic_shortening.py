@@ -41,16 +41,17 @@ def mixed_variables(model, length: int, **kwargs):
   raise AssertionError("no draw of variables gives a mixed boundary rate")
 
 
-CASES = [(boundaries, length, position) for boundaries in BOUNDARY_PREDICTORS for length in LENGTHS
-         for position in ("rope", "relative")]
-QUICK = {("whitespace", 12, "rope"), ("gumbel", 11, "relative"), ("routing", 11, "rope"),
-         ("entropy", 12, "relative")}  # the rest run in the full suite
+CASES = [(boundaries, length, position, "mean") for boundaries in BOUNDARY_PREDICTORS for length in LENGTHS
+         for position in ("rope", "relative")] + [(boundaries, 11, "rope", "linear")
+                                                  for boundaries in BOUNDARY_PREDICTORS]
+QUICK = {("whitespace", 12, "rope", "mean"), ("gumbel", 11, "relative", "mean"), ("routing", 11, "rope", "mean"),
+         ("entropy", 12, "relative", "mean"), ("gumbel", 11, "rope", "linear")}  # the rest run in the full suite
 
 
-@pytest.mark.parametrize("boundaries, length, position",
+@pytest.mark.parametrize("boundaries, length, position, pooling",
                          [case if case in QUICK else pytest.param(*case, marks=pytest.mark.slow) for case in CASES])
-def test_dynamic_shortening_is_causal(boundaries, length, position):
-  model = build_model(small_config(**DYNAMIC, boundaries=boundaries, position=position))
+def test_dynamic_shortening_is_causal(boundaries, length, position, pooling):
+  model = build_model(small_config(**DYNAMIC, boundaries=boundaries, position=position, segment_pooling=pooling))
   variables = mixed_variables(model, length)
   problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
@@ -104,6 +105,31 @@ def test_the_predictor_learns_from_the_language_model_loss(boundaries, module, l
     assert float(jnp.abs(leaf).max()) > 1e-6, path
   if boundaries == "entropy":
     assert float(jnp.abs(grads["head"]["kernel"]).max()) == 0.0
+
+
+def test_linear_pooling_starts_as_the_mean_and_learns_a_matrix_per_segment_position():
+  """Its matrices start at the identity: the model equals the mean-pooling one with the same other parameters.
+  The LM loss reaches every matrix, each position's through the positions of its index."""
+  linear = build_model(small_config(**DYNAMIC, boundaries="whitespace", segment_pooling="linear"))
+  mean = build_model(small_config(**DYNAMIC, boundaries="whitespace"))
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, SMALL["vocab_size"], (2, 12)), jnp.int32)
+  tokens = tokens.at[:, ::2].set(ord(" "))  # segments of 2 positions: indexes 0 and 1 of the 3 matrices
+  tokens = tokens.at[0, 1:8].set(ord("#"))  # and one of 8 positions: index 2 for its positions 2 to 7
+  init = nn.meta.unbox(linear.init(jax.random.key(0), tokens))["params"]["body"]["shorten"]["pool"]
+  identity = np.broadcast_to(np.eye(SMALL["d_model"], dtype=np.float32), (3, SMALL["d_model"], SMALL["d_model"]))
+  np.testing.assert_array_equal(init["kernel"], identity)
+  np.testing.assert_array_equal(init["bias"], 0.0)
+  params = nn.meta.unbox(random_variables(linear, tokens))["params"]  # random, but for the matrices as initialised
+  params["body"]["shorten"]["pool"] = init
+  without_pool = {**params, "body": {**params["body"], "shorten": {}}}
+  np.testing.assert_allclose(linear.apply({"params": params}, tokens), mean.apply({"params": without_pool}, tokens),
+                             atol=1e-5)
+
+  def lm_loss(params):
+    return -jax.nn.log_softmax(linear.apply({"params": params}, tokens))[..., 0].mean()
+
+  kernel_grad = jax.grad(lm_loss)(params)["body"]["shorten"]["pool"]["kernel"]
+  assert all(float(jnp.abs(kernel_grad[s]).max()) > 1e-6 for s in range(3))
 
 
 def test_the_entropy_head_learns_to_predict_the_next_token():
@@ -186,6 +212,7 @@ def test_only_models_that_sow_losses_report_an_auxiliary_loss():
     (dict(boundary_bytes=""), "boundary_bytes"),
     (dict(boundary_bytes="\u2014"), "boundary_bytes"),
     (dict(segment_capacity=0.0), "segment_capacity"),
+    (dict(segment_pooling="max"), "model.segment_pooling='max' is not supported; choose one of mean, linear"),
     (dict(gumbel_temperature=-1.0), "gumbel_temperature"),
     (dict(boundary_loss_weight=-1.0), "boundary_loss_weight"),
 ])

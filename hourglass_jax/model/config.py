@@ -50,6 +50,8 @@ class ModelConfig(DerivedLayerSettings):
   boundaries: str = _field("gumbel", function_of=(DYNAMIC,))
   boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
   segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
+  # 'mean' averages a segment's vectors; 'linear' averages W_s x + b, a matrix per position s < k in the segment.
+  segment_pooling: str = _field("mean", function_of=(DYNAMIC,))
   gumbel_temperature: float = 0.5  # training only: the relaxed Bernoulli's temperature
   boundary_loss_weight: float = 1.0  # training only: weight of the prior ('gumbel', 'entropy') or ratio loss ('routing')
   dropout: float = 0.0

@@ -60,9 +60,12 @@ def _shorten(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
   params, flops = 0, 0
   if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1), 'routing' W_q and W_k,
     v = cfg.vocab_size             # 'entropy' its head (d -> vocab) and threshold
-    return {"gumbel": (d * d + d + d + 1, 2 * length * (d * d + d)),
-            "routing": (2 * d * d, 4 * length * d * d),
-            "entropy": (d * v + v + 1, 2 * length * d * v)}.get(cfg.boundaries, (0, 0))
+    params, flops = {"gumbel": (d * d + d + d + 1, 2 * length * (d * d + d)),
+                     "routing": (2 * d * d, 4 * length * d * d),
+                     "entropy": (d * v + v + 1, 2 * length * d * v)}.get(cfg.boundaries, (0, 0))
+    if cfg.segment_pooling == "linear":  # k matrices; each position is projected by all k, then one is kept
+      params, flops = params + k * d * d + d, flops + 2 * length * k * d * d
+    return params, flops
   if cfg.shorten.endswith("linear"):
     params, flops = k * d * d + d, 2 * short * k * d * d
   if cfg.shorten.startswith("attention_"):

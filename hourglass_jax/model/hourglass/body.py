@@ -71,6 +71,7 @@ class Hourglass(LayerOptions):
   gumbel_temperature: float = 0.5
   boundary_loss_weight: float = 1.0
   boundary_vocab: int = 256
+  segment_pooling: str = "mean"
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
@@ -118,8 +119,8 @@ class Hourglass(LayerOptions):
   def _dynamic_shorten(self, hierarchy, options):
     return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self.boundaries,
                           segment_capacity=self.segment_capacity, gumbel_temperature=self.gumbel_temperature,
-                          boundary_loss_weight=self.boundary_loss_weight, vocab_size=self.boundary_vocab, **options,
-                          name="shorten")
+                          boundary_loss_weight=self.boundary_loss_weight, vocab_size=self.boundary_vocab,
+                          segment_pooling=self.segment_pooling, **options, name="shorten")
 
   def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
@@ -129,14 +130,14 @@ class Hourglass(LayerOptions):
     cache = dict(cache)
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
-    starts_BxT, probs_BxT, previous = self._dynamic_shorten(hierarchy, options)(x_BxTxD, True, boundaries_BxT,
-                                                                                 previous=cache["segment"])
+    starts_BxT, probs_BxT, previous, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
+        x_BxTxD, True, boundaries_BxT, previous=cache["segment"])
     state = dict(cache["segment"], **previous)  # what the predictor keeps of x's last token
     num_segments = kv_cache.size(cache["inner"]["layers"]) + 1
     smooth = self.boundaries == "routing"
     if position is None:  # b_t = starts_{t+1}; the last token's boundary is the next step's start
       b_BxT = jnp.concatenate([starts_BxT[:, 1:], jnp.zeros_like(starts_BxT[:, :1])], axis=1)
-      z_BxNxD, ids_BxT, opened = prefill_segments(x_BxTxD, b_BxT, num_segments)
+      z_BxNxD, ids_BxT, opened = prefill_segments(pooled_BxTxD, b_BxT, num_segments)
       start_probs_BxM = segment_start_probs(probs_BxT, starts_from_boundaries(b_BxT), ids_BxT, num_segments)
       y_BxNxD, cache["inner"] = self._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None)
       if smooth:
@@ -165,7 +166,7 @@ class Hourglass(LayerOptions):
       cache["z"], cache["inner"] = nn.cond(jnp.any(closes_B), close, lambda module, z, inner: (z, inner), self,
                                            cache["z"], cache["inner"])
       y_BxNxD, ids_BxT = cache["z"], jnp.minimum(state["completed"], 1)[:, None]
-      state = join_segment(state, x_BxTxD)
+      state = join_segment(state, pooled_BxTxD)
     cache["segment"] = state
     y_BxTxD = DynamicUpsample(**options, name="upsample")(y_BxNxD, Segments(ids_BxT, None), x_BxTxD)
     y_BxTxD, cache["post"] = self._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],

@@ -87,6 +87,18 @@ def starts_from_boundaries(boundaries_BxL):
   return jnp.concatenate([first_Bx1, boundaries_BxL[:, :-1]], axis=1)
 
 
+def positions_in_segments(starts_BxL, open_size_B=None):
+  """int32 [B, L]: each position's index in its segment, t minus the last start at or before t. Before the row's
+  first start the count goes on from `open_size_B` (the open segment's size before the row, in cached decoding;
+  0 when not given). Only the merged tail differs from the forward pass's count when a cache continues a row, and
+  no position reads the tail."""
+  length = starts_BxL.shape[1]
+  index_L = jnp.arange(length, dtype=jnp.int32)
+  last_start_BxL = jax.lax.cummax(jnp.where(starts_BxL.astype(bool), index_L[None, :], -1), axis=1)
+  open_B = jnp.zeros(starts_BxL.shape[:1], jnp.int32) if open_size_B is None else open_size_B.astype(jnp.int32)
+  return jnp.where(last_start_BxL >= 0, index_L[None, :] - last_start_BxL, open_B[:, None] + index_L[None, :])
+
+
 def segment_start_probs(start_probs_BxL, starts_BxL, ids_BxL, max_segments: int):
   """[B, M]: P_j, the probability at the position where segment j starts (H-Net's smoothing weight); 0 for an
   empty segment. `starts_BxL` (hard) marks each segment's first position."""

@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import optax
 from jax.scipy.special import gammaln
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, segment_ids, segment_start_probs,
-                                                   smooth_segments, starts_from_boundaries, straight_through_weights,
-                                                   upsample_segments)
+from hourglass_jax.model.hourglass.dynamic import (pool_segments, positions_in_segments, segment_ids,
+                                                   segment_start_probs, smooth_segments, starts_from_boundaries,
+                                                   straight_through_weights, upsample_segments)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import dense, layer_norm
 
 BOUNDARY_PREDICTORS = ("whitespace", "gumbel", "routing", "entropy")
+SEGMENT_POOLINGS = ("mean", "linear")
 
 
 def max_segments(length: int, factor: int, capacity: float) -> int:
@@ -143,6 +144,27 @@ class EntropyBoundaries(nn.Module):
     return hard_BxL + soft_BxL - jax.lax.stop_gradient(soft_BxL), e_BxL, logits_BxLxV
 
 
+class PositionProjection(nn.Module):
+  """'linear' segment pooling: x [B, L, D] and each position's index in its segment [B, L] -> W_s x + b, one D x D
+  matrix per index s < `slots` (later positions share the last). The segment's mean of these is the dynamic
+  analogue of fixed linear shortening, which projects the concatenated window of k positions (one block of the
+  matrix per position). Every W_s starts at the identity, so the pooling starts as the plain mean."""
+  cfg: LayerConfig
+  slots: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL):
+    d = x_BxLxD.shape[-1]
+    kernel_SxDxD = self.param("kernel", nn.with_logical_partitioning(
+        lambda key, shape: jnp.broadcast_to(jnp.eye(d), shape), (None, "embed", "mlp")), (self.slots, d, d))
+    bias_D = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)), (d,))
+    dtype = self.cfg.compute_dtype
+    onehot_BxLxS = jax.nn.one_hot(jnp.minimum(positions_BxL, self.slots - 1), self.slots, dtype=dtype)
+    y_BxLxD = jnp.einsum("bld,sde,bls->ble", x_BxLxD.astype(dtype), kernel_SxDxD.astype(dtype), onehot_BxLxS,
+                         preferred_element_type=jnp.float32)
+    return (y_BxLxD + bias_D).astype(x_BxLxD.dtype)
+
+
 class Segments(NamedTuple):
   """What up-sampling needs of a shortening: each position's segment id and straight-through weight, and for
   'routing' each segment's start probability (the smoothing weights; None otherwise)."""
@@ -154,6 +176,7 @@ class Segments(NamedTuple):
 def check_dynamic_settings(s, prefix: str) -> None:
   """The predictor settings of `s` (DynamicShorten, Hourglass or ModelConfig); `prefix` names their owner."""
   check_choice(f"{prefix}boundaries", s.boundaries, BOUNDARY_PREDICTORS)
+  check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
   for field in ("segment_capacity", "gumbel_temperature"):
     if not float(getattr(s, field)) > 0:
       raise ValueError(f"{prefix}{field}={getattr(s, field)!r} must be > 0.")
@@ -185,9 +208,13 @@ class DynamicShorten(LayerOptions):
   (the fraction of positions in the merged tail: raise segment_capacity when it is not ~0). Apply with
   mutable=['losses', 'metrics'] to read them.
 
+  `segment_pooling` 'mean' averages each segment's vectors; 'linear' averages W_s x_t + b, s the position's index
+  in its segment (`PositionProjection`, k matrices, later positions share the last; starts as the mean).
+
   Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and gets, per row of x,
   (starts [B, T]: a segment starts at t, i.e. b_{t-1} = 1; start probabilities [B, T]; the state's 'boundary',
-  'key', 'entropy' and 'seen' after x, as far as the predictor keeps them).
+  'key', 'entropy' and 'seen' after x, as far as the predictor keeps them; the vectors [B, T, D] that segments
+  sum: x, or its projection for 'linear').
   """
   factor: int = 4
   boundaries: str = "gumbel"
@@ -195,6 +222,7 @@ class DynamicShorten(LayerOptions):
   gumbel_temperature: float = 0.5
   boundary_loss_weight: float = 1.0
   vocab_size: int = 256  # 'entropy': the tokens its head predicts
+  segment_pooling: str = "mean"
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None, next_tokens_BxL=None):
@@ -228,6 +256,8 @@ class DynamicShorten(LayerOptions):
     num_segments = max_segments(length, self.factor, self.segment_capacity)
     ids_BxL = segment_ids(hard_BxL, num_segments)
     weights_BxL = straight_through_weights(b_BxL)
+    if self.segment_pooling == "linear":
+      x_BxLxD = self._project(cfg)(x_BxLxD, positions_in_segments(starts_from_boundaries(hard_BxL)))
     z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, weights_BxL)
     boundary_rate = hard_BxL.mean()
     self.sow("metrics", "boundary_rate", boundary_rate)
@@ -244,6 +274,15 @@ class DynamicShorten(LayerOptions):
                        "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
     return boundaries_BxL
 
+  def _project(self, cfg):
+    return PositionProjection(cfg, self.factor, name="pool")
+
+  def _pooled(self, cfg, x_BxTxD, starts_BxT, previous):
+    """What cached decoding sums into segments: x, or for 'linear' pooling its projection by segment position."""
+    if self.segment_pooling != "linear":
+      return x_BxTxD
+    return self._project(cfg)(x_BxTxD, positions_in_segments(starts_BxT, previous["size"]))
+
   def _entropy(self, cfg):
     return EntropyBoundaries(cfg, self.vocab_size, self.gumbel_temperature, name="entropy")
 
@@ -252,7 +291,8 @@ class DynamicShorten(LayerOptions):
     if self.boundaries == "routing":
       p_BxT, key_BxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
       starts_BxT = (p_BxT >= 0.5).at[:, 0].set((p_BxT[:, 0] >= 0.5) & previous["seen"])
-      return starts_BxT, p_BxT, dict(key=key_BxD.astype(previous["key"].dtype), seen=jnp.ones_like(previous["seen"]))
+      return (starts_BxT, p_BxT, dict(key=key_BxD.astype(previous["key"].dtype), seen=jnp.ones_like(previous["seen"])),
+              self._pooled(cfg, x_BxTxD, starts_BxT, previous))
     updates = {}
     if self.boundaries == "gumbel":
       b_BxT = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxTxD, True) > 0.5
@@ -263,7 +303,8 @@ class DynamicShorten(LayerOptions):
     else:
       b_BxT = self._given(x_BxTxD, boundaries_BxT).astype(bool)
     starts_BxT = jnp.concatenate([previous["boundary"][:, None], b_BxT[:, :-1]], axis=1)
-    return starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(updates, boundary=b_BxT[:, -1])
+    return (starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(updates, boundary=b_BxT[:, -1]),
+            self._pooled(cfg, x_BxTxD, starts_BxT, previous))
 
 
 class DynamicUpsample(LayerOptions):
