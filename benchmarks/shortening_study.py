@@ -49,6 +49,8 @@ MODELS = {
     "fixed_linear": dict(hierarchy=SHORTENED, shorten="linear", upsample="linear"),
     "fixed_attention": dict(hierarchy=SHORTENED, shorten="attention_avg", upsample="attention_repeat"),
     **{f"dynamic_{predictor}": dict(hierarchy=SHORTENED, boundaries=predictor) for predictor in BOUNDARY_PREDICTORS},
+    # 'gumbel' evaluated with training's draw: its threshold evaluation cuts far less often after short training
+    "dynamic_gumbel_sampled": dict(hierarchy=SHORTENED, boundaries="gumbel", gumbel_evaluation="sample"),
 }
 LN2 = math.log(2.0)
 QUICK = dict(budgets_tflop="0.002,0.004,0.008", learning_rates="3e-3", seeds="0", seq_len=32, batch=8,

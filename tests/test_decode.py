@@ -96,6 +96,7 @@ def describe(cfg):
   if cfg.kind in ("topdown", "bottomup", "retina"):
     return f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.position}"
   dynamic = f" {cfg.boundaries} {cfg.segment_pooling}" if cfg.shorten == "dynamic" else ""
+  dynamic += " sampled" if cfg.shorten == "dynamic" and cfg.gumbel_evaluation == "sample" else ""
   return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample}{dynamic} {cfg.position}"
 
 
@@ -146,9 +147,10 @@ DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
 DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p) for b in BOUNDARY_PREDICTORS
                  for p in ("rope", "relative")] + [
                      small_config(**DYNAMIC, boundaries=b, position=p, segment_pooling="linear")
-                     for b, p in zip(BOUNDARY_PREDICTORS, ("relative", "rope", "relative", "rope"))]
-DYNAMIC_QUICK = {0, 3, 4, 7, 9}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative, gumbel/rope
-                                 # with linear pooling; the rest: slow
+                     for b, p in zip(BOUNDARY_PREDICTORS, ("relative", "rope", "relative", "rope"))] + [
+                     small_config(**DYNAMIC, boundaries="gumbel", position="relative", gumbel_evaluation="sample")]
+DYNAMIC_QUICK = {0, 3, 4, 7, 9, 12}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative, gumbel/rope
+                                     # with linear pooling, gumbel sampled in evaluation; the rest: slow
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))

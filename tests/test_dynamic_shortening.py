@@ -84,6 +84,38 @@ def test_gumbel_boundaries_are_causal_with_training_noise(length):
   assert not problems, problems[:3]
 
 
+def _rate(model, variables, tokens, **kwargs):
+  return float(sown(model, variables, tokens, **kwargs)["metrics"]["body"]["shorten"]["boundary_rate"][0])
+
+
+def test_gumbel_sample_evaluation_cuts_at_the_training_rate_the_same_way_every_time():
+  """With every logit at log-odds(1/4) (an unsure predictor), 'threshold' evaluation never cuts, while 'sample'
+  cuts about as often as training does, and the same places on every call and in every row."""
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, SMALL["vocab_size"], (4, 256)), jnp.int32)
+  models = {e: build_model(small_config(**DYNAMIC, boundaries="gumbel", gumbel_evaluation=e))
+            for e in ("threshold", "sample")}
+  variables = {"params": nn.meta.unbox(models["sample"].init(jax.random.key(0), tokens[:, :12]))["params"]}
+  logit = variables["params"]["body"]["shorten"]["predictor"]["logit"]
+  logit["kernel"], logit["bias"] = jnp.zeros_like(logit["kernel"]), jnp.full_like(logit["bias"], np.log(1 / 3))
+  assert _rate(models["threshold"], variables, tokens) == 0.0
+  sampled = _rate(models["sample"], variables, tokens)
+  trained = _rate(models["sample"], variables, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  assert abs(sampled - 0.25) < 0.05 and abs(trained - 0.25) < 0.05, (sampled, trained)
+  cuts = [models["sample"].apply(variables, tokens, mutable=["intermediates"])[1]["intermediates"]["body"]["shorten"]
+          ["boundaries"][0] for _ in range(2)]
+  np.testing.assert_array_equal(cuts[0], cuts[1])
+  assert (cuts[0] == cuts[0][:1]).all()  # noise by position: every row cuts alike when the logits are alike
+
+
+@pytest.mark.parametrize("length", [12, pytest.param(11, marks=pytest.mark.slow)])
+def test_gumbel_sample_evaluation_is_causal(length):
+  model = build_model(small_config(**DYNAMIC, boundaries="gumbel", gumbel_evaluation="sample"))
+  variables = mixed_variables(model, length)
+  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+                                  batch_size=BATCH)
+  assert not problems, problems[:3]
+
+
 @pytest.mark.parametrize("boundaries, module, leaves", [("gumbel", "predictor", (("hidden", "kernel"), ("logit", "bias"))),
                                                        ("routing", "router", (("query", "kernel"), ("key", "kernel"))),
                                                        ("entropy", "entropy", (("threshold",),))])
@@ -213,6 +245,7 @@ def test_only_models_that_sow_losses_report_an_auxiliary_loss():
     (dict(boundary_bytes="\u2014"), "boundary_bytes"),
     (dict(segment_capacity=0.0), "segment_capacity"),
     (dict(segment_pooling="max"), "model.segment_pooling='max' is not supported; choose one of mean, linear"),
+    (dict(gumbel_evaluation="argmax"), "model.gumbel_evaluation='argmax' is not supported"),
     (dict(gumbel_temperature=-1.0), "gumbel_temperature"),
     (dict(boundary_loss_weight=-1.0), "boundary_loss_weight"),
 ])

@@ -53,6 +53,9 @@ class ModelConfig(DerivedLayerSettings):
   # 'mean' averages a segment's vectors; 'linear' averages W_s x + b, a matrix per position s < k in the segment.
   segment_pooling: str = _field("mean", function_of=(DYNAMIC,))
   gumbel_temperature: float = 0.5  # training only: the relaxed Bernoulli's temperature
+  # evaluation only, 'gumbel': cut where sigmoid(logit) > 1/2 ('threshold'), or draw as in training with noise fixed
+  # per position ('sample': evaluation cuts at the training rate)
+  gumbel_evaluation: str = "threshold"
   boundary_loss_weight: float = 1.0  # training only: weight of the prior ('gumbel', 'entropy') or ratio loss ('routing')
   dropout: float = 0.0
   attention_dropout: float | None = None  # attention-probability dropout; None = model.dropout (as the paper)

@@ -19,7 +19,8 @@ def build_body(cfg: ModelConfig, name: str = "body"):
     return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample,
                      boundaries=cfg.boundaries, segment_capacity=cfg.segment_capacity,
                      gumbel_temperature=cfg.gumbel_temperature, boundary_loss_weight=cfg.boundary_loss_weight,
-                     boundary_vocab=cfg.vocab_size, segment_pooling=cfg.segment_pooling, **options, name=name)
+                     boundary_vocab=cfg.vocab_size, segment_pooling=cfg.segment_pooling,
+                     gumbel_evaluation=cfg.gumbel_evaluation, **options, name=name)
   if cfg.kind == "topdown":
     return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
                    upsampler=cfg.upsampler, **options, name=name)

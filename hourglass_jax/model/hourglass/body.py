@@ -72,6 +72,7 @@ class Hourglass(LayerOptions):
   boundary_loss_weight: float = 1.0
   boundary_vocab: int = 256
   segment_pooling: str = "mean"
+  gumbel_evaluation: str = "threshold"
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
@@ -120,7 +121,8 @@ class Hourglass(LayerOptions):
     return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self.boundaries,
                           segment_capacity=self.segment_capacity, gumbel_temperature=self.gumbel_temperature,
                           boundary_loss_weight=self.boundary_loss_weight, vocab_size=self.boundary_vocab,
-                          segment_pooling=self.segment_pooling, **options, name="shorten")
+                          segment_pooling=self.segment_pooling, gumbel_evaluation=self.gumbel_evaluation, **options,
+                          name="shorten")
 
   def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
@@ -131,7 +133,7 @@ class Hourglass(LayerOptions):
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
     starts_BxT, probs_BxT, previous, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
-        x_BxTxD, True, boundaries_BxT, previous=cache["segment"])
+        x_BxTxD, True, boundaries_BxT, previous=cache["segment"], positions_L=index_T)
     state = dict(cache["segment"], **previous)  # what the predictor keeps of x's last token
     num_segments = kv_cache.size(cache["inner"]["layers"]) + 1
     smooth = self.boundaries == "routing"

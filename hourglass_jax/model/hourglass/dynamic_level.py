@@ -26,6 +26,8 @@ from hourglass_jax.model.layers import dense, layer_norm
 
 BOUNDARY_PREDICTORS = ("whitespace", "gumbel", "routing", "entropy")
 SEGMENT_POOLINGS = ("mean", "linear")
+GUMBEL_EVALUATIONS = ("threshold", "sample")
+_EVALUATION_NOISE_KEY = 0  # 'sample' evaluation: the same noise for every model, row and call
 
 
 def max_segments(length: int, factor: int, capacity: float) -> int:
@@ -44,22 +46,39 @@ def binomial_prior_loss(boundaries_BxL, rate: float):
   return -log_pmf_B.mean() / length
 
 
+def evaluation_noise(positions_L):
+  """float32 [L]: logistic noise log(u / (1 - u)) for each absolute position, a fixed function of the position
+  (u from a fixed key folded with it): 'sample' evaluation draws the same noise in a forward pass and in decoding."""
+  key = jax.random.key(_EVALUATION_NOISE_KEY)
+  u_L = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), minval=1e-6, maxval=1 - 1e-6))(
+      positions_L)
+  return jnp.log(u_L) - jnp.log1p(-u_L)
+
+
 class GumbelBoundaries(nn.Module):
   """x [B, L, D] -> straight-through boundaries [B, L] (value 0/1): an MLP's logit at each position; in training a
-  relaxed Bernoulli (Gumbel-sigmoid) sample at `temperature` thresholded at 1/2 (rng 'dropout'), in evaluation
-  sigmoid(logit) > 1/2. The logit's bias starts at log-odds(1/factor), so training starts at the target rate."""
+  relaxed Bernoulli (Gumbel-sigmoid) sample at `temperature` thresholded at 1/2 (rng 'dropout'). The hard decision
+  of that sample is logit + logistic noise > 0, a Bernoulli(sigmoid(logit)) draw. In evaluation, `evaluation`
+  'threshold' cuts where sigmoid(logit) > 1/2 (Nawrot et al.); 'sample' makes the training draw with noise fixed
+  per absolute position (`evaluation_noise` of `positions_L`, default 0..L-1), so evaluation cuts at the rate
+  training did, deterministically. The logit's bias starts at log-odds(1/factor): training starts at the target
+  rate."""
   cfg: LayerConfig
   factor: int
   temperature: float
+  evaluation: str = "threshold"
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool):
+  def __call__(self, x_BxLxD, deterministic: bool, positions_L=None):
     hidden_BxLxD = nn.relu(dense(self.cfg, x_BxLxD.shape[-1], ("embed", "mlp"), "hidden")(x_BxLxD))
     rate = 1.0 / self.factor
     logit_BxL = nn.Dense(1, dtype=jnp.float32, name="logit",
                          kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("mlp", None)),
                          bias_init=nn.with_logical_partitioning(nn.initializers.constant(math.log(rate / (1 - rate))),
                                                                 (None,)))(hidden_BxLxD)[..., 0]
+    if deterministic and self.evaluation == "sample":
+      positions_L = jnp.arange(logit_BxL.shape[1]) if positions_L is None else positions_L
+      return (logit_BxL + evaluation_noise(positions_L)[None, :] > 0).astype(jnp.float32)
     if deterministic:
       return (logit_BxL > 0).astype(jnp.float32)
     uniform_BxL = jax.random.uniform(self.make_rng("dropout"), logit_BxL.shape, minval=1e-6, maxval=1 - 1e-6)
@@ -177,6 +196,7 @@ def check_dynamic_settings(s, prefix: str) -> None:
   """The predictor settings of `s` (DynamicShorten, Hourglass or ModelConfig); `prefix` names their owner."""
   check_choice(f"{prefix}boundaries", s.boundaries, BOUNDARY_PREDICTORS)
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
+  check_choice(f"{prefix}gumbel_evaluation", s.gumbel_evaluation, GUMBEL_EVALUATIONS)
   for field in ("segment_capacity", "gumbel_temperature"):
     if not float(getattr(s, field)) > 0:
       raise ValueError(f"{prefix}{field}={getattr(s, field)!r} must be > 0.")
@@ -223,14 +243,16 @@ class DynamicShorten(LayerOptions):
   boundary_loss_weight: float = 1.0
   vocab_size: int = 256  # 'entropy': the tokens its head predicts
   segment_pooling: str = "mean"
+  gumbel_evaluation: str = "threshold"
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None, next_tokens_BxL=None):
+  def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None, next_tokens_BxL=None,
+               positions_L=None):
     check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
     if previous is not None:
-      return self._starts(cfg, x_BxLxD, boundaries_BxL, previous)
+      return self._starts(cfg, x_BxLxD, boundaries_BxL, previous, positions_L)
     start_probs_BxL = None
     if self.boundaries == "routing":
       start_probs_BxL = RoutingBoundaries(cfg, name="router")(x_BxLxD)
@@ -240,7 +262,7 @@ class DynamicShorten(LayerOptions):
       self.sow("losses", "ratio_loss", self.boundary_loss_weight * ratio_loss(starts_BxL, start_probs_BxL,
                                                                               self.factor))
     elif self.boundaries == "gumbel":
-      b_BxL = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxLxD, deterministic)
+      b_BxL = self._gumbel(cfg)(x_BxLxD, deterministic)
       self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
     elif self.boundaries == "entropy":
       b_BxL, _, logits_BxLxV = self._entropy(cfg)(x_BxLxD)
@@ -274,6 +296,9 @@ class DynamicShorten(LayerOptions):
                        "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
     return boundaries_BxL
 
+  def _gumbel(self, cfg):
+    return GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, self.gumbel_evaluation, name="predictor")
+
   def _project(self, cfg):
     return PositionProjection(cfg, self.factor, name="pool")
 
@@ -286,7 +311,7 @@ class DynamicShorten(LayerOptions):
   def _entropy(self, cfg):
     return EntropyBoundaries(cfg, self.vocab_size, self.gumbel_temperature, name="entropy")
 
-  def _starts(self, cfg, x_BxTxD, boundaries_BxT, previous):
+  def _starts(self, cfg, x_BxTxD, boundaries_BxT, previous, positions_T):
     """Cached decoding (see the class doc): where segments start among x's rows, given the rows before."""
     if self.boundaries == "routing":
       p_BxT, key_BxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
@@ -295,7 +320,7 @@ class DynamicShorten(LayerOptions):
               self._pooled(cfg, x_BxTxD, starts_BxT, previous))
     updates = {}
     if self.boundaries == "gumbel":
-      b_BxT = GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, name="predictor")(x_BxTxD, True) > 0.5
+      b_BxT = self._gumbel(cfg)(x_BxTxD, True, positions_T) > 0.5
     elif self.boundaries == "entropy":
       b_BxT, e_BxT, _ = self._entropy(cfg)(x_BxTxD, previous["entropy"], previous["seen"])
       b_BxT = b_BxT > 0.5
