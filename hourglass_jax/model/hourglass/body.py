@@ -151,22 +151,8 @@ class Hourglass(LayerOptions):
       state, closes_B, mean_Bx1xD, closed_prob_B = close_segment(state, starts_BxT[:, 0], probs_BxT[:, 0],
                                                                  num_segments)
       entry_B = state["completed"] - 1
-
-      def close(module, z_Bx1xD, inner):
-        rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
-                                                                                               entry),
-                       variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
-                       in_axes=(0, 1, 0), out_axes=(0, 1))
-        per_row = jax.tree.map(lambda a: a[:, :, None], inner)  # [layers, B, ...] -> a batch of 1 per row
-        y_Bx1x1xD, per_row = rows(module, mean_Bx1xD[:, None].astype(z_Bx1xD.dtype), per_row, entry_B)
-        y_Bx1xD = y_Bx1x1xD[:, 0]
-        if smooth:
-          y_Bx1xD = smooth_step(z_Bx1xD, y_Bx1xD, closed_prob_B[:, None, None]).astype(z_Bx1xD.dtype)
-        return take_rows(closes_B, y_Bx1xD, z_Bx1xD), take_rows(
-            closes_B, jax.tree.map(lambda a: a[:, :, 0], per_row), inner, batch_axis=1)
-
-      cache["z"], cache["inner"] = nn.cond(jnp.any(closes_B), close, lambda module, z, inner: (z, inner), self,
-                                           cache["z"], cache["inner"])
+      cache["z"], cache["inner"] = self._close_segments(hierarchy, options, closes_B, mean_Bx1xD, entry_B,
+                                                        closed_prob_B if smooth else None, cache["z"], cache["inner"])
       y_BxNxD, ids_BxT = cache["z"], jnp.minimum(state["completed"], 1)[:, None]
       state = join_segment(state, pooled_BxTxD)
     cache["segment"] = state
@@ -174,6 +160,42 @@ class Hourglass(LayerOptions):
     y_BxTxD, cache["post"] = self._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                      index_T)
     return y_BxTxD, cache
+
+  def _close_segments(self, hierarchy, options, closes_B, mean_Bx1xD, entry_B, closed_prob_B, z_Bx1xD, inner):
+    """Runs the closing rows' segment means through the inner level, each at its own cache entry: the rows that
+    close come first, in chunks of C = ceil(B / k) rows (about the rows that close per step at the target rate),
+    each chunk under `nn.cond` (run while rows remain), so a step costs C rows of the inner level for each chunk
+    it needs rather than all B. Returns the newest outputs z [B, 1, D] and the inner cache (batch axis 1)."""
+    batch = closes_B.shape[0]
+    size = -(-batch // hierarchy.relative_factor(0))
+    order_B = jnp.argsort(~closes_B, stable=True)
+    count = closes_B.sum()
+    rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
+                                                                                           entry),
+                   variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
+                   in_axes=(0, 1, 0), out_axes=(0, 1))
+
+    def chunk(start: int):
+      def run(module, z_Bx1xD, inner):
+        rows_C = order_B[start:start + size]
+        valid_C = start + jnp.arange(rows_C.shape[0]) < count
+        old = jax.tree.map(lambda a: a[:, rows_C], inner)
+        y_Cx1x1xD, new = rows(module, mean_Bx1xD[rows_C][:, None].astype(z_Bx1xD.dtype),
+                              jax.tree.map(lambda a: a[:, :, None], old), entry_B[rows_C])
+        y_Cx1xD = y_Cx1x1xD[:, 0]
+        if closed_prob_B is not None:
+          y_Cx1xD = smooth_step(z_Bx1xD[rows_C], y_Cx1xD, closed_prob_B[rows_C][:, None, None]).astype(
+              z_Bx1xD.dtype)
+        y_Cx1xD = take_rows(valid_C, y_Cx1xD, z_Bx1xD[rows_C])
+        new = take_rows(valid_C, jax.tree.map(lambda a: a[:, :, 0], new), old, batch_axis=1)
+        return (z_Bx1xD.at[rows_C].set(y_Cx1xD),
+                jax.tree.map(lambda a, b: a.at[:, rows_C].set(b), inner, new))
+      return run
+
+    for start in range(0, batch, size):
+      z_Bx1xD, inner = nn.cond(count > start, chunk(start), lambda module, z, inner: (z, inner), self, z_Bx1xD,
+                               inner)
+    return z_Bx1xD, inner
 
   def _stack(self, num_layers: int, name: str, options):
     return DecoderStack(num_layers=num_layers, factor=self.outer_factor, **options, name=name)

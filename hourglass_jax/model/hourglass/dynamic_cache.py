@@ -9,8 +9,8 @@ one ('seen').
 
 A token first closes the open segment if a segment starts at it (b_{t-1} = 1) and the open one is not the merged
 tail: the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
-tokens, so the inner level runs row by row (a vmap) whenever any row closes one, and only the closing rows keep
-its result. The token then reads the newest completed segment's output and joins the open segment. With M counted
+tokens, so the inner level runs row by row (a vmap), for the closing rows only, gathered in chunks
+(`Hourglass._close_segments`). The token then reads the newest completed segment's output and joins the open segment. With M counted
 from the cache length, decoding equals the forward pass over that many positions.
 """
 
