@@ -2,9 +2,11 @@
 
 configs/dynamic.py's model (2@1 4@4 2@1, d 128) with shorten='avg' / upsample='repeat' (fixed, k=4) against the same
 model with shorten='dynamic' and each predictor, random weights. Each program prefills `--prompt` tokens of a text
-(`--text`, default the embedded corpus), then decodes `--steps` more of it one token at a time (teacher-forced, so the boundaries are those
-of real text). A fixed level runs its center once every k tokens; a dynamic one whenever any row of the batch
-closes a segment, so its cost follows the fraction of such steps, which the record gives (`center_steps`). The
+(`--text`, default the embedded corpus), then decodes `--steps` more of it one token at a time (teacher-forced, so
+the boundaries are those of real text). A fixed level runs its center for every row once every k tokens; a dynamic
+one for the rows that close a segment, in chunks of ceil(B/k) rows, on the steps where any row closes one. The
+record gives the fraction of such steps (`center_steps`) and the rows the center runs for per step, as a fraction
+of the batch (`center_rows`: 1/k for the fixed level). The
 'gumbel' predictor's logit bias is shifted until evaluation cuts the text once per k bytes, as training targets.
 'routing' is left out: its cosine rule has no bias to match the rate with, and random weights give it an arbitrary
 rate; it decodes through the same path, with two d x d projections per token. Programs run interleaved (one of
@@ -118,8 +120,11 @@ def main(argv=None):
       k = cfg.parsed_hierarchy.relative_factor(0)
       closing_BxS = (boundaries(cfg, variables, tokens_BxL) if cfg.dynamic
                      else np.arange(length)[None, :] % k == k - 1)[:, args.prompt:]
+      chunk = -(-batch // k) if cfg.dynamic else batch
+      chunks_S = -(-closing_BxS.sum(axis=0) // chunk)
       facts[key] = dict(batch=batch, boundary_rate=round(float(closing_BxS.mean()), 3),
-                        center_steps=round(float(closing_BxS.any(axis=0).mean()), 3))
+                        center_steps=round(float(closing_BxS.any(axis=0).mean()), 3),
+                        center_rows=round(float((chunks_S * chunk).mean() / batch), 3))
       print(f"{key}: compiled; {facts[key]}", flush=True)
   timed = interleave(calls, args.rounds)
   rows = {}
@@ -129,7 +134,7 @@ def main(argv=None):
                      tokens_per_s=round(args.steps * facts[key]["batch"] / median(seconds), 1),
                      time_vs_fixed=round(median(paired_ratios(seconds, base)), 3))
     print(f"{key:<28} {rows[key]['tokens_per_s']:9.1f} tokens/s  {rows[key]['time_vs_fixed']:.3f}x fixed's time  "
-          f"center on {rows[key]['center_steps']:.0%} of steps")
+          f"center on {rows[key]['center_steps']:.0%} of steps, for {rows[key]['center_rows']:.0%} of rows a step")
   return finish_record(args, load_before, timed, rows)
 
 

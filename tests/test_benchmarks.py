@@ -45,6 +45,8 @@ def test_dynamic_decode_benchmark_matches_the_gumbel_rate_and_times_each_predict
   assert set(rows) == {f"{name}_batch{b}" for name in ("fixed_avg_k4", "dynamic_whitespace", "dynamic_gumbel")
                        for b in (1, 2)}
   assert rows["fixed_avg_k4_batch1"]["time_vs_fixed"] == 1.0 and rows["fixed_avg_k4_batch2"]["center_steps"] == 0.25
+  assert rows["fixed_avg_k4_batch2"]["center_rows"] == 0.25  # every row, once per k steps
+  assert rows["dynamic_whitespace_batch2"]["center_rows"] <= rows["dynamic_whitespace_batch2"]["center_steps"]
   assert abs(rows["dynamic_gumbel_batch2"]["boundary_rate"] - 0.25) < 0.05  # the bias was matched to 1/k
   assert rows["dynamic_whitespace_batch2"]["center_steps"] >= rows["dynamic_whitespace_batch2"]["boundary_rate"]
   assert all(row["tokens_per_s"] > 0 for row in rows.values())
