@@ -42,9 +42,23 @@ def test_a_fixed_model_is_refused(tmp_path):
     show(exported(tmp_path, shorten="avg"), TEXT)
 
 
+def test_gumbel_marks_follow_the_chosen_evaluation(tmp_path):
+  """An unsure predictor (every probability 1/4): the threshold never cuts, training's draw cuts about a quarter."""
+  cfg = ModelConfig(**dict(DYNAMIC, boundaries="gumbel"))
+  params = decode.unbox_params(random_variables(build_model(cfg), np.zeros((1, 8), np.int32)))
+  logit = params["body"]["shorten"]["predictor"]["logit"]
+  logit["kernel"], logit["bias"] = np.zeros_like(logit["kernel"]), np.full_like(logit["bias"], np.log(1 / 3))
+  save_params(params, cfg, tmp_path)
+  text = TEXT * 4
+  assert not show(tmp_path, text)[1].any()
+  summary, cuts = show(tmp_path, text, gumbel_evaluation="sample")
+  assert 0.15 < cuts.mean() < 0.35 and "evaluation 'sample'" in summary
+
+
 @pytest.mark.slow
 def test_the_command_prints_the_marked_text(tmp_path):
   weights = exported(tmp_path, boundaries="gumbel")
   out = subprocess.run([sys.executable, "-m", "hourglass_jax.cli.boundaries", f"--weights={weights}",
-                        f"--text={TEXT.decode()}"], capture_output=True, text=True, check=True).stdout
-  assert out.splitlines()[0].replace("|", "") == TEXT.decode() and "'gumbel'" in out
+                        f"--text={TEXT.decode()}", "--gumbel_evaluation=sample"], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.splitlines()[0].replace("|", "") == TEXT.decode() and "'gumbel', evaluation 'sample'" in out

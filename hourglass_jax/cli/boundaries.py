@@ -7,11 +7,17 @@ runs the forward pass in evaluation mode and marks the boundary decisions the dy
 
   hourglass-export --workdir=/tmp/dynamic --output=exported/dynamic
   hourglass-boundaries --weights=exported/dynamic --text="First Citizen: Before we proceed any further"
+
+A 'gumbel' model marks where sigmoid(logit) > 1/2 unless `--gumbel_evaluation=sample` asks for training's draw
+(model.gumbel_evaluation; after short training the threshold cuts far less often than training did).
 """
+
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 
+from hourglass_jax.model import build_model
 from hourglass_jax.weights import load_params
 
 
@@ -30,12 +36,17 @@ def marked(text: bytes, boundaries: np.ndarray) -> str:
   return "".join(chr(byte).replace("\n", "⏎") + ("|" if cut else "") for byte, cut in zip(text, boundaries))
 
 
-def show(weights, text: bytes) -> tuple[str, np.ndarray]:
-  """(the marked text and a summary line, the boundaries) of the model exported to `weights` on `text`."""
+def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[str, np.ndarray]:
+  """(the marked text and a summary line, the boundaries) of the model exported to `weights` on `text`;
+  `gumbel_evaluation` overrides the model's (model.gumbel_evaluation) when given."""
   model, params = load_params(weights)
+  if gumbel_evaluation:
+    model = build_model(dataclasses.replace(model.cfg, gumbel_evaluation=gumbel_evaluation))
   cuts = boundaries_of(model, params, text)
+  evaluation = f", evaluation '{model.cfg.gumbel_evaluation}'" if model.cfg.boundaries == "gumbel" else ""
   summary = (f"{int(cuts.sum())} boundaries in {len(text)} bytes: one per {len(text) / max(int(cuts.sum()), 1):.2f} "
-             f"bytes (target {model.cfg.parsed_hierarchy.relative_factor(0)}, predictor '{model.cfg.boundaries}')")
+             f"bytes (target {model.cfg.parsed_hierarchy.relative_factor(0)}, predictor '{model.cfg.boundaries}'"
+             f"{evaluation})")
   return f"{marked(text, cuts)}\n{summary}", cuts
 
 
@@ -46,7 +57,9 @@ def main():
   weights = flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.",
                                 required=True)
   text = flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
-  app.run(lambda argv: print(show(weights.value, text.value.encode("utf-8"))[0]))
+  evaluation = flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
+                                 "'gumbel' only: how evaluation decides (default: the model's own setting).")
+  app.run(lambda argv: print(show(weights.value, text.value.encode("utf-8"), evaluation.value)[0]))
 
 
 if __name__ == "__main__":
