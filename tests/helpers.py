@@ -12,6 +12,7 @@ Not helpers: tests/gcs_emulator.py (a fake GCS server) and tests/scale_out_probe
 
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import socket
@@ -60,6 +61,18 @@ def describe(cfg: ModelConfig) -> str:
     return (f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.retina_windows or ''} "
             f"{cfg.position}")
   return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
+
+
+def dynamic_variables(model, tokens_BxL, seed: int = 0):
+  """random_variables with an 'entropy' predictor's threshold theta itself drawn like the other parameters (the
+  parameter is theta / log2(vocab); a draw of the parameter would put theta beyond a random head's entropy
+  differences, and no draw would cut some positions and not others)."""
+  variables = random_variables(model, tokens_BxL, seed=seed)
+  shorten = variables["params"].get("body", {}).get("shorten", {})
+  if "entropy" in shorten:
+    scale = math.log2(shorten["entropy"]["head"]["bias"].unbox().shape[-1])
+    shorten["entropy"]["threshold"] = jax.tree.map(lambda a: a / scale, shorten["entropy"]["threshold"])
+  return variables
 
 
 def assert_causal(cfg: ModelConfig, length: int) -> None:

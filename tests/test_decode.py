@@ -17,8 +17,7 @@ from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
-from hourglass_jax.testing import random_variables
-from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
+from tests.helpers import SMALL, dynamic_variables, quick_compiles, small_config  # noqa: F401  (autouse)
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
@@ -47,7 +46,7 @@ def model_and_params(cfg):
   leave others open in evaluation (otherwise a dynamic case would test no segment at all)."""
   model = build_model(cfg)
   for seed in range(20):
-    variables = random_variables(model, jnp.zeros((1, LENGTH), jnp.int32), seed=seed)
+    variables = dynamic_variables(model, jnp.zeros((1, LENGTH), jnp.int32), seed=seed)
     if not (cfg.dynamic and cfg.boundaries != "whitespace") or 0.1 < eval_boundaries(model, variables).mean() < 0.9:
       return model, decode.unbox_params(variables)
   raise AssertionError(f"no draw of variables gives {describe(cfg)} a mixed boundary rate")

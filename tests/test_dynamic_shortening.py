@@ -18,8 +18,8 @@ from hourglass_jax.data import pipeline
 from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, load_config,  # noqa: F401  (quick_compiles: autouse)
-                           quick_compiles, small_config, tiny_config)
+from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables,  # noqa: F401  (autouse)
+                           load_config, quick_compiles, small_config, tiny_config)
 
 DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat")
 
@@ -34,7 +34,7 @@ def mixed_variables(model, length: int, **kwargs):
   and leaves others open: otherwise a causality check of the segments tests nothing."""
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (1, length)), jnp.int32)
   for seed in range(20):
-    variables = random_variables(model, tokens, seed=seed)
+    variables = dynamic_variables(model, tokens, seed=seed)
     rate = float(sown(model, variables, tokens, **kwargs)["metrics"]["body"]["shorten"]["boundary_rate"][0])
     if 0.1 < rate < 0.9:
       return variables

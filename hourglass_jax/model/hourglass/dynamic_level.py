@@ -139,7 +139,10 @@ class EntropyBoundaries(nn.Module):
   e_t is the entropy (bits) of its prediction at t, and b_t = 1 where e_t - e_{t-1} > theta (BLT's "approximate
   monotonicity" rule: a segment ends where the next byte gets harder to predict). theta, a learned scalar, is
   trained by the binomial prior toward rate 1/factor through a straight-through sigmoid((e_t - e_{t-1} - theta) /
-  temperature); the entropies carry no gradient, so the head learns from its own next-token loss alone.
+  temperature); the entropies carry no gradient, so the head learns from its own next-token loss alone. The
+  parameter 'threshold' is theta / log2(vocab), theta in units of the largest entropy: an optimizer's steps of about
+  the learning rate then move theta across the entropies' range within tens of steps (in bits, 800 steps left the
+  rate at 0.31 against a target of 0.25).
 
   Returns (b [B, L] straight-through, e [B, L], head logits [B, L, vocab]). Decoding passes `previous_entropy_B`,
   the entropy of the row before x's first (e_{-1} = e_0 at position 0, so nothing closes there)."""
@@ -156,7 +159,8 @@ class EntropyBoundaries(nn.Module):
                                 jax.lax.stop_gradient(x_BxLxD))
     log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits_BxLxV), axis=-1)
     e_BxL = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1) / math.log(2)
-    theta = self.param("threshold", nn.with_logical_partitioning(nn.initializers.zeros_init(), ()), ())
+    theta = math.log2(self.vocab_size) * self.param(
+        "threshold", nn.with_logical_partitioning(nn.initializers.zeros_init(), ()), ())
     rise_BxL = e_BxL - _previous_rows(e_BxL, previous_entropy_B, has_previous_B) - theta
     hard_BxL = (rise_BxL > 0).astype(jnp.float32)
     soft_BxL = nn.sigmoid(rise_BxL / self.temperature)
