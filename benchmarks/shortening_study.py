@@ -186,9 +186,11 @@ def chosen_runs(runs: list[dict], corpus_id: str, budgets: list[float], sweep_se
           and r["budget_tflop"] in budgets]
 
 
-def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[str], sweep_seed: int = 0) -> str:
+def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[str], sweep_seed: int = 0,
+          sweep_rates: int = 0) -> str:
   """Markdown: per model its chosen rate, mean validation bits per byte (seeds) at each budget, and the evaluation
-  boundary rate of the learned ones; then, per budget, the gap of the best learned model to fixed_avg and vanilla."""
+  boundary rate of the learned ones; then, per budget, the gap of the best learned model to fixed_avg and vanilla.
+  A rate is marked '*' while fewer than `sweep_rates` rates have been tried at the middle budget."""
   chosen = pick_learning_rates(runs, corpus_id, budgets[len(budgets) // 2], sweep_seed)
   picked = chosen_runs(runs, corpus_id, budgets, sweep_seed)
   cell, lines = {(m, b): [r for r in picked if r["model"] == m and r["budget_tflop"] == b]
@@ -203,9 +205,13 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
     top = next((cell[model, b] for b in reversed(budgets) if cell[model, b]), [])
     rates = [boundary_rate(r) for r in top if boundary_rate(r) is not None]
     rate_text = f"{statistics.mean(rates):.3f}" if rates else ""
-    lines.append(f"| {model} | {chosen.get(model, '')} | " + " | ".join(values) + f" | {rate_text} |")
+    tried = {r["learning_rate"] for r in runs if r["corpus_id"] == corpus_id and r["model"] == model
+             and r["budget_tflop"] == budgets[len(budgets) // 2] and r["seed"] == sweep_seed}
+    mark = "*" if len(tried) < sweep_rates else ""
+    lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values) + f" | {rate_text} |")
   lines.append("")
-  lines.append("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf.")
+  lines.append("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf; * the rate sweep is "
+               "not finished (the best rate so far).")
   for budget in budgets:
     means = {m: statistics.mean(map(score, cell[m, budget])) for m in models if cell[m, budget]}
     learned = {m: v for m, v in means.items() if m.startswith("dynamic_")}
@@ -222,7 +228,8 @@ def report(args, runs: list[dict], out_dir: pathlib.Path) -> pathlib.Path:
   sections = []
   for corpus_id in dict.fromkeys(r["corpus_id"] for r in runs):
     description = next(r["corpus"] for r in runs if r["corpus_id"] == corpus_id)
-    sections.append(f"## {description}\n\n{table(runs, corpus_id, budgets, models, sweep_seed)}\n")
+    text = table(runs, corpus_id, budgets, models, sweep_seed, len(floats(args.learning_rates)))
+    sections.append(f"## {description}\n\n{text}\n")
   path = out_dir / f"{args.name}.md"
   path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, batch {args.batch} x "
                   f"{args.seq_len} bytes, no dropout, AdamW with 5% warmup and cosine decay; the rate picked per model "
