@@ -5,6 +5,7 @@ process and quotes medians and ratios, with the load average recorded beside the
 """
 
 import datetime
+import hashlib
 import importlib.util
 import json
 import os
@@ -84,6 +85,17 @@ def finish_record(args, load_before: list[float], timed: dict, rows: dict) -> di
   print(json.dumps(dict(load_before=load_before, load_during=record["load_during"])))
   print(f"results: {append_result(args.name, record, args.results)}")
   return record
+
+
+def text_corpus(path: str) -> dict:
+  """A text file as a user can reproduce it: its name, size and SHA-256 (never this machine's path); a missing
+  file stops the benchmark before any training."""
+  file = pathlib.Path(path).expanduser()
+  if not file.is_file():
+    raise SystemExit(f"--corpus={path}: no such file; name a text file, or leave --corpus out for the embedded "
+                     "corpus.")
+  data = file.read_bytes()
+  return dict(name=file.name, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
 def load_config(name: str, preset: str | None = None):

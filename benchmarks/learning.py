@@ -17,7 +17,6 @@ import pathlib
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -25,7 +24,7 @@ import time  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import plots  # noqa: E402
-from benchmarks.common import append_result, loadavg, parse_overrides, parse_with_quick  # noqa: E402
+from benchmarks.common import append_result, loadavg, parse_overrides, parse_with_quick, text_corpus  # noqa: E402
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
@@ -71,13 +70,8 @@ def describe_corpus(path: str) -> str:
   if not path:
     return (f"the embedded corpus (data.name=stdlib_text: the Python {sys.version_info.major}.{sys.version_info.minor} "
             "standard library's sources)")
-  file = pathlib.Path(path).expanduser()
-  if not file.is_file():
-    raise SystemExit(f"--corpus={path}: no such file; name a text file, or leave --corpus out for the embedded "
-                     "corpus.")
-  data = file.read_bytes()
-  return (f"{file.name} ({len(data):,} bytes, sha256 {hashlib.sha256(data).hexdigest()}, "
-          "passed with --corpus)")
+  corpus = text_corpus(path)
+  return f"{corpus['name']} ({corpus['size']:,} bytes, sha256 {corpus['sha256']}, passed with --corpus)"
 
 
 def main(argv=None) -> dict:

@@ -24,7 +24,6 @@ import pathlib
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
@@ -34,7 +33,8 @@ import time  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, append_result, loadavg, parse_overrides, parse_with_quick  # noqa: E402
+from benchmarks.common import (RESULTS, append_result, loadavg, parse_overrides, parse_with_quick,  # noqa: E402
+                               text_corpus)
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.config.dynamic import with_dynamic_shortening  # noqa: E402
@@ -94,13 +94,9 @@ def corpus_facts(path: str) -> dict:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     return dict(id=f"stdlib_text-py{version}",
                 description=f"the embedded corpus (data.name=stdlib_text: the Python {version} standard library)")
-  file = pathlib.Path(path).expanduser()
-  if not file.is_file():
-    raise SystemExit(f"--corpus={path}: no such file; name a text file, or leave --corpus out for the embedded "
-                     "corpus.")
-  data = file.read_bytes()
-  digest = hashlib.sha256(data).hexdigest()
-  return dict(id=f"{file.name}-{digest[:12]}", description=f"{file.name} ({len(data):,} bytes, sha256 {digest})")
+  corpus = text_corpus(path)
+  return dict(id=f"{corpus['name']}-{corpus['sha256'][:12]}",
+              description=f"{corpus['name']} ({corpus['size']:,} bytes, sha256 {corpus['sha256']})")
 
 
 def study_config(args, model: str, budget_tflop: float, seed: int, learning_rate: float):
