@@ -6,8 +6,9 @@
 'gumbel' learns where segments close (target: one boundary per 4 bytes); 'routing' (H-Net) starts one where
 adjacent positions differ, held near the same rate by its ratio loss (weight 0.03, as H-Net); 'entropy' (BLT) ends
 one where its own next-byte head gets less sure, with a learned threshold; 'whitespace' closes
-one after each space, newline or punctuation byte (about one per 4.2 bytes of English). The model section
-documents the fields."""
+one after each space, newline or punctuation byte (about one per 4.2 bytes of English). Two predictors
+(:whitespace,gumbel) nest two dynamic levels, each at factor 4: the second pools the first's segments ('gumbel' or
+'routing' there). The model section documents the fields."""
 
 from hourglass_jax.config.base import base_config
 from hourglass_jax.config.dynamic import with_dynamic_shortening
@@ -20,4 +21,4 @@ def get_config(predictor: str = "gumbel"):
   cfg.data.update(name="stdlib_text", seq_len=256, batch_size=16, eval_batches=20)
   cfg.train.update(steps=2_000, learning_rate=1e-3, warmup_steps=100, log_every=50, eval_every=500)
   cfg.checkpoint.update(every_steps=500)
-  return with_dynamic_shortening(cfg, predictor, "dynamic")
+  return with_dynamic_shortening(cfg, predictor, "dynamic", nested_hierarchy="2@1 2@4 4@16 2@4 2@1")

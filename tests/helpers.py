@@ -10,6 +10,7 @@
 
 Not helpers: tests/gcs_emulator.py (a fake GCS server) and tests/scale_out_probe.py (imported by subprocesses)."""
 
+import functools
 import importlib.util
 import json
 import math
@@ -22,10 +23,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import MULTISCALE_KINDS
+from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
 from hourglass_jax.testing import causality_violations, random_variables
 
 # --- model tests -------------------------------------------------------------------------------------------------
@@ -72,6 +75,27 @@ def dynamic_variables(model, tokens_BxL, seed: int = 0):
   if "entropy" in shorten:
     scale = math.log2(shorten["entropy"]["head"]["bias"].unbox().shape[-1])
     shorten["entropy"]["threshold"] = jax.tree.map(lambda a: a / scale, shorten["entropy"]["threshold"])
+  return variables
+
+
+def centered_gumbel_levels(model, variables, tokens_BxL):
+  """`variables` with each nested 'gumbel' level's logit bias (below the first level) moved so that half of the
+  segment slots `tokens_BxL` fills cut in evaluation: a random draw leaves the logits of a level's similar
+  segment means on one side of 0, so that no draw of a few dozen mixes two levels. Levels are set outermost
+  first, as a level's segments depend on the cuts above it."""
+  body, level, filled_B = variables["params"]["body"], [], None
+  while "inner" in body and "shorten" in body["inner"]:
+    level, body = level + ["inner"], body["inner"]
+    _, sown = model.apply(variables, tokens_BxL, capture_intermediates=True, mutable=["intermediates"])
+    above = functools.reduce(lambda tree, key: tree[key], ["body"] + level[:-1], sown["intermediates"])
+    cuts_BxL = above["shorten"]["boundaries"][0]
+    filled_B = segments_holding(segment_ids(cuts_BxL, cuts_BxL.shape[1] + 1), filled_B)
+    if "predictor" not in body["shorten"]:
+      continue
+    logits_BxM = np.asarray(above["inner"]["shorten"]["predictor"]["logit"]["__call__"][0][..., 0])
+    filled = np.concatenate([row[:n] for row, n in zip(logits_BxM, np.asarray(filled_B))])
+    body["shorten"]["predictor"]["logit"]["bias"] = jax.tree.map(
+        lambda b: b - np.median(filled) - 1e-6, body["shorten"]["predictor"]["logit"]["bias"])
   return variables
 
 

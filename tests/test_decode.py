@@ -17,7 +17,8 @@ from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
-from tests.helpers import SMALL, dynamic_variables, quick_compiles, small_config  # noqa: F401  (autouse)
+from tests.helpers import (SMALL, centered_gumbel_levels, dynamic_variables, quick_compiles,  # noqa: F401
+                           small_config)
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
@@ -42,14 +43,30 @@ def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
 
 @functools.cache
 def model_and_params(cfg):
-  """Random variables; for a learned boundary predictor the first draw under which TOKENS close some segments and
-  leave others open in evaluation (otherwise a dynamic case would test no segment at all)."""
+  """Random variables; for learned boundary predictors the first draw under which TOKENS close some segments and
+  leave others open in evaluation, at every learned level (otherwise a dynamic case would test no segment at
+  all). Nested 'gumbel' levels are centred on TOKENS' segments (`centered_gumbel_levels`); nested levels try
+  more draws (a random router rarely cuts some of a row's few segments and not all)."""
   model = build_model(cfg)
-  for seed in range(20):
+  for seed in range(20 if not cfg.dynamic or cfg.parsed_hierarchy.depth == 1 else 80):
     variables = dynamic_variables(model, jnp.zeros((1, LENGTH), jnp.int32), seed=seed)
-    if not (cfg.dynamic and cfg.boundaries != "whitespace") or 0.1 < eval_boundaries(model, variables).mean() < 0.9:
+    if cfg.dynamic and cfg.parsed_hierarchy.depth > 1:
+      variables = centered_gumbel_levels(model, variables, jnp.asarray(TOKENS))
+    if not cfg.dynamic or all(0.1 < rate < 0.9 for predictor, rate in zip(cfg.level_predictors,
+                                                                          level_rates(model, variables))
+                              if predictor != "whitespace"):
       return model, decode.unbox_params(variables)
   raise AssertionError(f"no draw of variables gives {describe(cfg)} a mixed boundary rate")
+
+
+def level_rates(model, variables) -> list[float]:
+  """Each dynamic level's boundary rate on TOKENS in evaluation, outermost first (over the segment slots that hold
+  positions, at a nested level)."""
+  metrics, rates = model.apply(variables, TOKENS, mutable=["metrics"])[1]["metrics"]["body"], []
+  while "shorten" in metrics:
+    rates.append(float(metrics["shorten"]["boundary_rate"][0]))
+    metrics = metrics.get("inner", {})
+  return rates
 
 
 def eval_boundaries(model, variables):
@@ -172,6 +189,25 @@ def test_dynamic_decoding_past_the_segment_capacity_matches_forward(pooling):
   closed_B = eval_boundaries(model, {"params": params}).sum(axis=1)
   assert (closed_B > 2).mean() > 0.5 and (closed_B <= 2).any()
   assert_decoding_matches_forward(cfg)
+
+
+NESTED = dict(DYNAMIC, hierarchy=MULTI_LEVEL)
+NESTED_CASES = [small_config(**NESTED, boundaries="gumbel", position="rope"),
+                small_config(**NESTED, boundaries="whitespace,routing", position="relative"),
+                small_config(**NESTED, boundaries="entropy,gumbel", position="rope", segment_pooling="linear"),
+                small_config(**NESTED, boundaries="routing", position="relative")]
+NESTED_QUICK = {0, 1}
+
+
+@pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in NESTED_QUICK), id=describe(cfg))
+                                  for i, cfg in enumerate(NESTED_CASES)])
+def test_nested_dynamic_decoding_matches_forward(case):
+  """Two dynamic levels: the inner one advances when the outer one closes a segment (each row at its own steps)
+  and closes its own segments among the outer segments; its prefill reads only each row's completed segments."""
+  cfg = NESTED_CASES[case]
+  model, params = model_and_params(cfg)
+  assert all(0 < rate < 1 for rate in level_rates(model, {"params": params}))
+  assert_decoding_matches_forward(cfg, case)
 
 
 def test_dynamic_greedy_generation_matches_repeated_full_forwards():

@@ -238,7 +238,7 @@ def test_only_models_that_sow_losses_report_an_auxiliary_loss():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(hierarchy="1@1 1@2 1@4 1@2 1@1"), "one shortened level"),
+    (dict(boundaries="gumbel,routing"), "names 2 predictors for 1 shortened levels"),
     (dict(upsample="attention_repeat"), "upsample='repeat'"),
     (dict(boundaries="spaces"), "model.boundaries='spaces' is not supported"),
     (dict(boundary_bytes=""), "boundary_bytes"),

@@ -143,8 +143,10 @@ def test_defaults_follow_the_input_width():
     (hnn.DynamicShorten(boundaries="whitespace", num_heads=2), (stream(6),),
      "needs boundaries_BxL of shape (1, 6) (got None); pass whitespace_boundaries(tokens)"),
     (hnn.DynamicShorten(factor=1, num_heads=2), (stream(6),), "DynamicShorten.factor=1 must be an integer >= 2"),
-    (hnn.Hourglass(hierarchy="1@1 1@2 1@4 1@2 1@1", shorten="dynamic", upsample="repeat", num_heads=2),
-     (stream(8),), "takes one shortened level"),
+    (hnn.Hourglass(hierarchy="1@1 1@2 1@4 1@2 1@1", shorten="dynamic", upsample="repeat", num_heads=2,
+                   boundaries="gumbel,entropy"), (stream(8),), "Hourglass.boundaries='gumbel,entropy': level 2"),
+    (hnn.DynamicShorten(boundaries="gumbel,routing", num_heads=2), (stream(6),),
+     "DynamicShorten.boundaries='gumbel,routing' is not supported"),
 ])
 def test_bad_arguments_name_the_problem(module, inputs, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -8,7 +8,8 @@ from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIE
                                               DerivedLayerSettings, LayerConfig, check_choice, check_int,
                                               check_layer_settings, check_types)
 from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
-from hourglass_jax.model.hourglass.dynamic_level import check_dynamic_level, check_dynamic_settings
+from hourglass_jax.model.hourglass.dynamic_level import (check_dynamic_level, check_dynamic_settings,
+                                                        level_predictors)
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
@@ -45,8 +46,8 @@ class ModelConfig(DerivedLayerSettings):
   shorten: str = _field("attention_avg", function_of=("hourglass",))
   upsample: str = _field("attention_repeat", function_of=("hourglass",))
   position: str = _field("rope", function_of=KINDS)
-  # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS); 'whitespace' closes a segment
-  # after each byte in `boundary_bytes`. Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
+  # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS; one name, or one per shortened
+  # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`. Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
   boundaries: str = _field("gumbel", function_of=(DYNAMIC,))
   boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
   segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
@@ -95,7 +96,7 @@ class ModelConfig(DerivedLayerSettings):
       _ = self.parsed_scales  # raises on malformed multi-scale fields
     if self.dynamic:
       check_dynamic_settings(self, "model.")
-      check_dynamic_level(hierarchy, self.upsample, "model.shorten='dynamic'")
+      check_dynamic_level(hierarchy, self.upsample, self.boundaries, "model.")
       if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
         raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
                          "(characters 0-255), e.g. ' \\n.,'.")
@@ -104,6 +105,11 @@ class ModelConfig(DerivedLayerSettings):
   def dynamic(self) -> bool:
     """An Hourglass with a learned (or given) segment level: shorten='dynamic'."""
     return self.kind == "hourglass" and self.shorten == DYNAMIC
+
+  @property
+  def level_predictors(self) -> tuple[str, ...]:
+    """The boundary predictor of each shortened level, outermost first (dynamic models only)."""
+    return level_predictors(self.boundaries, self.parsed_hierarchy.depth)
 
   @property
   def parsed_scales(self) -> MultiScale:

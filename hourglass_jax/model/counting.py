@@ -55,14 +55,14 @@ def _attention_tail(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int
   return attn_p + ffn_p + _norm(cfg.d_model), attn_f + ffn_f
 
 
-def _shorten(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
+def _shorten(cfg: ModelConfig, k: int, length: int, level: int = 0) -> tuple[int, int]:
   d, short = cfg.d_model, length // k
   params, flops = 0, 0
   if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1), 'routing' W_q and W_k,
     v = cfg.vocab_size             # 'entropy' its head (d -> vocab) and threshold
     params, flops = {"gumbel": (d * d + d + d + 1, 2 * length * (d * d + d)),
                      "routing": (2 * d * d, 4 * length * d * d),
-                     "entropy": (d * v + v + 1, 2 * length * d * v)}.get(cfg.boundaries, (0, 0))
+                     "entropy": (d * v + v + 1, 2 * length * d * v)}.get(cfg.level_predictors[level], (0, 0))
     if cfg.segment_pooling == "linear":  # k matrices; each position is projected by all k, then one is kept
       params, flops = params + k * d * d + d, flops + 2 * length * k * d * d
     return params, flops
@@ -112,16 +112,17 @@ def _hourglass_parts(cfg: ModelConfig, length: int) -> list[Part]:
   hierarchy = cfg.parsed_hierarchy
   parts = []
   ups = []
+  stream = length  # a dynamic level's segment stream: max_segments of the stream above, whatever the boundaries
   for level, (num_pre, factor) in enumerate(hierarchy.levels):
     tokens = length // factor
-    if cfg.shorten == "dynamic" and level:  # the segment stream: max_segments positions, whatever the boundaries
-      tokens = max_segments(length, factor, cfg.segment_capacity)
+    if cfg.shorten == "dynamic" and level:
+      stream = tokens = max_segments(stream, hierarchy.relative_factor(level - 1), cfg.segment_capacity)
     if level == hierarchy.depth:
       parts.append(Part(f"center@{factor}", factor, tokens, num_pre, *_stack(cfg, num_pre, tokens)))
       break
     k = hierarchy.relative_factor(level)
     parts.append(Part(f"pre@{factor}", factor, tokens, num_pre, *_stack(cfg, num_pre, tokens)))
-    parts.append(Part(f"shorten@{factor}->{factor * k}", factor, tokens, 0, *_shorten(cfg, k, tokens)))
+    parts.append(Part(f"shorten@{factor}->{factor * k}", factor, tokens, 0, *_shorten(cfg, k, tokens, level)))
     num_post = hierarchy.post_layers[level]
     ups.append(Part(f"post@{factor}", factor, tokens, num_post, *_stack(cfg, num_post, tokens)))
     ups.append(Part(f"upsample@{factor * k}->{factor}", factor, tokens, 0, *_upsample(cfg, k, tokens)))

@@ -69,8 +69,9 @@ class HourglassLM(nn.Module):
     'whitespace' boundaries, and with `targets` (a whole sequence) the 'entropy' head's next tokens (-1 after the
     last)."""
     cfg = self.cfg
-    if cfg.dynamic and cfg.boundaries == "whitespace":
+    first = cfg.level_predictors[0] if cfg.dynamic else None  # the level that reads the bytes
+    if first == "whitespace":
       return {"boundaries_BxL": whitespace_boundaries(tokens_BxL, cfg.boundary_bytes.encode("latin-1"))}
-    if cfg.dynamic and cfg.boundaries == "entropy" and targets:
+    if first == "entropy" and targets:
       return {"next_tokens_BxL": jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)), constant_values=-1)}
     return {}

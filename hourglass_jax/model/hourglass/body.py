@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic import (segment_start_probs, smooth_segments, smooth_step,
-                                                   starts_from_boundaries)
-from hourglass_jax.model.hourglass.dynamic_cache import (close_segment, join_segment, new_segment_state,
+from hourglass_jax.model.hourglass.dynamic import (segment_start_probs, segments_holding, smooth_segments,
+                                                   smooth_step, starts_from_boundaries)
+from hourglass_jax.model.hourglass.dynamic_cache import (after_rows, close_segment, join_segment, new_segment_state,
                                                          prefill_segments, take_rows)
 from hourglass_jax.model.hourglass.dynamic_level import (DynamicShorten, DynamicUpsample, Segments,
                                                          check_dynamic_level, max_segments)
@@ -35,11 +35,12 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
   cache = {"pre": kv_cache.new_stack(cfg, batch, num_pre, padded),
            "post": kv_cache.new_stack(cfg, batch, hierarchy.post_layers[0], padded)}
   k = hierarchy.relative_factor(0)
-  if shorten == "dynamic":  # the inner level holds the M-1 segments that can complete (dynamic_cache.py)
-    segments = max_segments(padded, k, segment_capacity)
+  if shorten == "dynamic":  # the inner level's stream: the M segment slots of the forward pass, of which the M-1
+    segments = max_segments(padded, k, segment_capacity)  # that can complete are ever written (dynamic_cache.py)
     return dict(cache, z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype),
                 segment=new_segment_state(batch, cfg.d_model, cfg.compute_dtype),
-                inner=new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, segments - 1))
+                inner=new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, segments,
+                                          segment_capacity))
   if upsample != "none":
     cache["buf"] = jnp.zeros((batch, k - 1, cfg.d_model), cfg.compute_dtype)
     cache["z"] = jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype)
@@ -49,6 +50,13 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
     if upsample.startswith("attention_"):
       cache["up"] = kv_cache.new_kv(cfg, batch, padded // k)
   return cache
+
+
+def cache_batch_axes(cache: dict) -> dict:
+  """The batch axis of each leaf of an Hourglass cache: 1 in the K/V stacks (layers first), 0 in a dynamic
+  level's newest output 'z' and segment state."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: 0 if any(getattr(key, "key", None) in ("z", "segment") for key in path) else 1, cache)
 
 
 class Hourglass(LayerOptions):
@@ -79,23 +87,23 @@ class Hourglass(LayerOptions):
     width `d_model`."""
     hierarchy = parse_hierarchy(self.hierarchy)
     if self.shorten == "dynamic" and hierarchy.depth:
-      check_dynamic_level(hierarchy, self.upsample, "Hourglass(shorten='dynamic')")
+      check_dynamic_level(hierarchy, self.upsample, self.boundaries, "Hourglass.")
     self.check_cache_length(length, hierarchy.total_factor)
     return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length,
                                self.segment_capacity)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None,
-               next_tokens_BxL=None):
+               next_tokens_BxL=None, lengths_B=None):
     hierarchy = parse_hierarchy(self.hierarchy)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     dynamic = self.shorten == "dynamic" and hierarchy.depth
     if cache is not None and dynamic:
-      return self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL)
+      return self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL, lengths_B)
     if cache is not None:
       return self._decode(hierarchy, options, x_BxLxD, cache, position)
     if dynamic:
-      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL)
+      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B)
     if not hierarchy.depth:
       return self._stack(hierarchy.levels[0][0], "layers", options)(x_BxLxD, deterministic)
     length = x_BxLxD.shape[1]
@@ -107,41 +115,51 @@ class Hourglass(LayerOptions):
     y_BxPxD = self._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
     return y_BxPxD[:, :length]
 
-  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL):
-    """pre stack -> segments -> inner stack over them -> each position's last completed segment + x -> post."""
-    check_dynamic_level(hierarchy, self.upsample, "Hourglass(shorten='dynamic')")
+  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B):
+    """pre stack -> segments -> inner level over them -> each position's last completed segment + x -> post.
+    `lengths_B`: a level inside another dynamic one, whose rows hold lengths_B segments, then empty slots."""
     x_BxLxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
     z_BxMxD, segments = self._dynamic_shorten(hierarchy, options)(x_BxLxD, deterministic, boundaries_BxL,
-                                                                  next_tokens_BxL=next_tokens_BxL)
-    z_BxMxD = self._inner(hierarchy, options)(z_BxMxD, deterministic)
+                                                                  next_tokens_BxL=next_tokens_BxL,
+                                                                  lengths_B=lengths_B)
+    z_BxMxD = self._inner(hierarchy, options)(z_BxMxD, deterministic,
+                                              lengths_B=segments_holding(segments.ids_BxL, lengths_B))
     y_BxLxD = DynamicUpsample(**options, name="upsample")(z_BxMxD, segments, x_BxLxD)
     return self._stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
 
+  def _predictors(self, hierarchy) -> tuple[str, ...]:
+    """The dynamic levels' predictors, this level's first."""
+    return check_dynamic_level(hierarchy, self.upsample, self.boundaries, "Hourglass.")
+
   def _dynamic_shorten(self, hierarchy, options):
-    return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self.boundaries,
+    return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self._predictors(hierarchy)[0],
                           segment_capacity=self.segment_capacity, gumbel_temperature=self.gumbel_temperature,
                           boundary_loss_weight=self.boundary_loss_weight, vocab_size=self.boundary_vocab,
                           segment_pooling=self.segment_pooling, gumbel_evaluation=self.gumbel_evaluation, **options,
                           name="shorten")
 
-  def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT):
+  def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT, lengths_B):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
     once; a token closes the open segment when a segment starts at it, reads the newest completed one and joins the
-    open one."""
-    index_T = (0 if position is None else position) + jnp.arange(x_BxTxD.shape[1])
+    open one. A prompt's `lengths_B` (a level inside another dynamic one) are its rows' token counts."""
+    length = x_BxTxD.shape[1]
+    index_T = (0 if position is None else position) + jnp.arange(length)
     cache = dict(cache)
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
-    starts_BxT, probs_BxT, previous, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
+    starts_BxT, probs_BxT, updates, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
         x_BxTxD, True, boundaries_BxT, previous=cache["segment"], positions_L=index_T)
-    state = dict(cache["segment"], **previous)  # what the predictor keeps of x's last token
-    num_segments = kv_cache.size(cache["inner"]["layers"]) + 1
-    smooth = self.boundaries == "routing"
+    state = after_rows(cache["segment"], updates, lengths_B)  # what the predictor keeps of the last token
+    num_segments = max_segments(kv_cache.size(cache["pre"]), hierarchy.relative_factor(0), self.segment_capacity)
+    smooth = self._predictors(hierarchy)[0] == "routing"
     if position is None:  # b_t = starts_{t+1}; the last token's boundary is the next step's start
       b_BxT = jnp.concatenate([starts_BxT[:, 1:], jnp.zeros_like(starts_BxT[:, :1])], axis=1)
-      z_BxNxD, ids_BxT, opened = prefill_segments(pooled_BxTxD, b_BxT, num_segments)
+      if lengths_B is not None:
+        b_BxT &= jnp.arange(length)[None, :] < lengths_B[:, None] - 1
+      z_BxNxD, ids_BxT, opened = prefill_segments(pooled_BxTxD, b_BxT, num_segments, lengths_B)
       start_probs_BxM = segment_start_probs(probs_BxT, starts_from_boundaries(b_BxT), ids_BxT, num_segments)
-      y_BxNxD, cache["inner"] = self._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None)
+      y_BxNxD, cache["inner"] = self._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None,
+                                                                lengths_B=opened["completed"])
       if smooth:
         y_BxNxD = smooth_segments(y_BxNxD, start_probs_BxM[:, :y_BxNxD.shape[1]])
       completed_B = opened["completed"]
@@ -165,31 +183,33 @@ class Hourglass(LayerOptions):
     """Runs the closing rows' segment means through the inner level, each at its own cache entry: the rows that
     close come first, in chunks of C = ceil(B / k) rows (about the rows that close per step at the target rate),
     each chunk under `nn.cond` (run while rows remain), so a step costs C rows of the inner level for each chunk
-    it needs rather than all B. Returns the newest outputs z [B, 1, D] and the inner cache (batch axis 1)."""
+    it needs rather than all B. Returns the newest outputs z [B, 1, D] and the inner cache."""
     batch = closes_B.shape[0]
     size = -(-batch // hierarchy.relative_factor(0))
     order_B = jnp.argsort(~closes_B, stable=True)
     count = closes_B.sum()
+    axes = cache_batch_axes(inner)
+    each = lambda f, *trees: jax.tree.map(f, *trees, axes)
     rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
                                                                                            entry),
                    variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
-                   in_axes=(0, 1, 0), out_axes=(0, 1))
+                   in_axes=(0, axes, 0), out_axes=(0, axes))
 
     def chunk(start: int):
       def run(module, z_Bx1xD, inner):
         rows_C = order_B[start:start + size]
         valid_C = start + jnp.arange(rows_C.shape[0]) < count
-        old = jax.tree.map(lambda a: a[:, rows_C], inner)
+        old = each(lambda a, axis: jnp.take(a, rows_C, axis=axis), inner)
         y_Cx1x1xD, new = rows(module, mean_Bx1xD[rows_C][:, None].astype(z_Bx1xD.dtype),
-                              jax.tree.map(lambda a: a[:, :, None], old), entry_B[rows_C])
+                              each(lambda a, axis: jnp.expand_dims(a, axis + 1), old), entry_B[rows_C])
         y_Cx1xD = y_Cx1x1xD[:, 0]
         if closed_prob_B is not None:
           y_Cx1xD = smooth_step(z_Bx1xD[rows_C], y_Cx1xD, closed_prob_B[rows_C][:, None, None]).astype(
               z_Bx1xD.dtype)
         y_Cx1xD = take_rows(valid_C, y_Cx1xD, z_Bx1xD[rows_C])
-        new = take_rows(valid_C, jax.tree.map(lambda a: a[:, :, 0], new), old, batch_axis=1)
+        new = each(lambda a, b, axis: take_rows(valid_C, jnp.squeeze(a, axis + 1), b, batch_axis=axis), new, old)
         return (z_Bx1xD.at[rows_C].set(y_Cx1xD),
-                jax.tree.map(lambda a, b: a.at[:, rows_C].set(b), inner, new))
+                each(lambda a, b, axis: a.at[(slice(None),) * axis + (rows_C,)].set(b), inner, new))
       return run
 
     for start in range(0, batch, size):
@@ -205,8 +225,15 @@ class Hourglass(LayerOptions):
                    **options, name="shorten")
 
   def _inner(self, hierarchy, options):
+    dynamic = {}
+    if self.shorten == "dynamic" and hierarchy.depth > 1:  # the next levels' predictors and settings
+      dynamic = dict(boundaries=",".join(self._predictors(hierarchy)[1:]), segment_capacity=self.segment_capacity,
+                     gumbel_temperature=self.gumbel_temperature, boundary_loss_weight=self.boundary_loss_weight,
+                     boundary_vocab=self.boundary_vocab, segment_pooling=self.segment_pooling,
+                     gumbel_evaluation=self.gumbel_evaluation)
     return Hourglass(hierarchy=str(hierarchy.inner()), shorten=self.shorten, upsample=self.upsample,
-                     outer_factor=self.outer_factor * hierarchy.relative_factor(0), **options, name="inner")
+                     outer_factor=self.outer_factor * hierarchy.relative_factor(0), **dynamic, **options,
+                     name="inner")
 
   def _upsample(self, hierarchy, options):
     return Upsample(factor=hierarchy.relative_factor(0), method=self.upsample, outer_factor=self.outer_factor,

@@ -36,6 +36,15 @@ def segment_ids(boundaries_BxL, max_segments: int):
   return jnp.minimum(jnp.cumsum(b_BxL, axis=1) - b_BxL, max_segments - 1)
 
 
+def segments_holding(ids_BxL, lengths_B=None):
+  """int32 [B]: the segments that hold any of a row's first `lengths_B` positions (all of them when None), the
+  length of the segment stream a nested dynamic level reads: the slots after them are empty."""
+  last_B = ids_BxL.shape[1] - 1 if lengths_B is None else jnp.maximum(lengths_B - 1, 0)
+  count_B = jnp.take_along_axis(ids_BxL, jnp.broadcast_to(jnp.asarray(last_B), ids_BxL.shape[:1])[:, None],
+                                axis=1)[:, 0] + 1
+  return count_B if lengths_B is None else jnp.where(lengths_B > 0, count_B, 0)
+
+
 def straight_through_weights(boundaries_BxL):
   """float32 [B, L] of ones whose gradient flows to the boundaries before each position (see the module doc)."""
   b_BxL = boundaries_BxL.astype(jnp.float32)

@@ -27,17 +27,33 @@ def new_segment_state(batch: int, d_model: int, dtype) -> dict:
           "entropy": jnp.zeros((batch,), jnp.float32), "seen": jnp.zeros((batch,), bool)}
 
 
-def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int):
+def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int, lengths_B=None):
   """A prompt's segments: (means [B, N, D] of the first N = min(P, M-1) segments, the ones a prompt of P tokens
-  can complete; ids [B, P]; the state's 'sum', 'size' and 'completed' after it)."""
+  can complete; ids [B, P]; the state's 'sum', 'size' and 'completed' after it). With `lengths_B` a row's prompt is
+  its first lengths_B tokens (no boundary may follow its last one): the rest neither joins nor closes a segment."""
   length = x_BxPxD.shape[1]
   ids_BxP = segment_ids(boundaries_BxP, max_segments)
   z_BxMxD, _ = pool_segments(x_BxPxD, ids_BxP, max_segments)
   completed_B = jnp.minimum(boundaries_BxP.astype(jnp.int32).sum(axis=1), max_segments - 1)
   open_BxP = ids_BxP == completed_B[:, None]  # the positions after the last boundary
+  if lengths_B is not None:
+    open_BxP &= jnp.arange(length)[None, :] < lengths_B[:, None]
   state = {"sum": jnp.einsum("bp,bpd->bd", open_BxP.astype(jnp.float32), x_BxPxD.astype(jnp.float32)),
            "size": open_BxP.sum(axis=1, dtype=jnp.int32), "completed": completed_B}
   return z_BxMxD[:, :min(length, max_segments - 1)], ids_BxP, state
+
+
+def after_rows(state: dict, updates: dict, lengths_B=None) -> dict:
+  """`state` with what the predictor keeps of a row's last token: `updates` ([B, T, ...] after each token) at token
+  lengths_B - 1 (the last, when None); a row of no tokens keeps its `state`."""
+  if lengths_B is None:
+    return dict(state, **{name: value[:, -1] for name, value in updates.items()})
+
+  def pick(name, value_BxT):
+    last_B = jnp.maximum(lengths_B - 1, 0)
+    row = jnp.take_along_axis(value_BxT, last_B.reshape((-1, 1) + (1,) * (value_BxT.ndim - 2)), axis=1)[:, 0]
+    return jnp.where((lengths_B > 0).reshape((-1,) + (1,) * (row.ndim - 1)), row, state[name])
+  return dict(state, **{name: pick(name, value) for name, value in updates.items()})
 
 
 def close_segment(state: dict, start_B, start_prob_B, max_segments: int):

@@ -25,6 +25,7 @@ from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_ch
 from hourglass_jax.model.layers import dense, layer_norm
 
 BOUNDARY_PREDICTORS = ("whitespace", "gumbel", "routing", "entropy")
+INNER_PREDICTORS = ("gumbel", "routing")  # a segment stream has no bytes: the byte rules fit the first level only
 SEGMENT_POOLINGS = ("mean", "linear")
 GUMBEL_EVALUATIONS = ("threshold", "sample")
 _EVALUATION_NOISE_KEY = 0  # 'sample' evaluation: the same noise for every model, row and call
@@ -36,14 +37,27 @@ def max_segments(length: int, factor: int, capacity: float) -> int:
   return min(length, math.ceil(capacity * length / factor)) + 1
 
 
-def binomial_prior_loss(boundaries_BxL, rate: float):
-  """-log Binomial(sum_t b_t; L, rate) / L, averaged over rows: Nawrot et al.'s prior toward `rate` (b may carry
-  straight-through gradients; the log-pmf is smooth in its count)."""
-  length = boundaries_BxL.shape[1]
-  count_B = boundaries_BxL.astype(jnp.float32).sum(axis=1)
-  log_pmf_B = (gammaln(length + 1.0) - gammaln(count_B + 1.0) - gammaln(length - count_B + 1.0)
-               + count_B * math.log(rate) + (length - count_B) * math.log1p(-rate))
-  return -log_pmf_B.mean() / length
+def valid_positions(shape, lengths_B=None):
+  """float32 [B, L]: 1 at each row's first `lengths_B` positions (all of them when None)."""
+  if lengths_B is None:
+    return jnp.ones(shape, jnp.float32)
+  return (jnp.arange(shape[1])[None, :] < lengths_B[:, None]).astype(jnp.float32)
+
+
+def masked_mean(values_BxL, valid_BxL):
+  return jnp.sum(values_BxL.astype(jnp.float32) * valid_BxL) / jnp.maximum(valid_BxL.sum(), 1.0)
+
+
+def binomial_prior_loss(boundaries_BxL, rate: float, lengths_B=None):
+  """-log Binomial(sum_t b_t; n, rate) / n, averaged over rows, n each row's `lengths_B` (default L): Nawrot et
+  al.'s prior toward `rate` over the positions that exist (b may carry straight-through gradients; the log-pmf is
+  smooth in its count)."""
+  valid_BxL = valid_positions(boundaries_BxL.shape, lengths_B)
+  n_B = valid_BxL.sum(axis=1)
+  count_B = (boundaries_BxL.astype(jnp.float32) * valid_BxL).sum(axis=1)
+  log_pmf_B = (gammaln(n_B + 1.0) - gammaln(count_B + 1.0) - gammaln(n_B - count_B + 1.0)
+               + count_B * math.log(rate) + (n_B - count_B) * math.log1p(-rate))
+  return jnp.mean(-log_pmf_B / jnp.maximum(n_B, 1.0))
 
 
 def evaluation_noise(positions_L):
@@ -87,12 +101,14 @@ class GumbelBoundaries(nn.Module):
     return hard_BxL + soft_BxL - jax.lax.stop_gradient(soft_BxL)
 
 
-def ratio_loss(starts_BxL, start_probs_BxL, factor: int):
+def ratio_loss(starts_BxL, start_probs_BxL, factor: int, lengths_B=None):
   """H-Net's ratio loss N/(N-1) ((N-1) F G + (1-F)(1-G)), N = factor, F the fraction of hard starts, G the mean
-  start probability; 1 at F = G = 1/N. Its gradient reaches the router through G, N/(N-1) (N F - 1): it lowers the
-  probabilities while more than 1/N positions start a segment and raises them while fewer do."""
-  f = starts_BxL.astype(jnp.float32).mean()
-  g = start_probs_BxL.astype(jnp.float32).mean()
+  start probability (over each row's first `lengths_B` positions, default all); 1 at F = G = 1/N. Its gradient
+  reaches the router through G, N/(N-1) (N F - 1): it lowers the probabilities while more than 1/N positions start
+  a segment and raises them while fewer do."""
+  valid_BxL = valid_positions(starts_BxL.shape, lengths_B)
+  f = masked_mean(starts_BxL, valid_BxL)
+  g = masked_mean(start_probs_BxL, valid_BxL)
   return factor / (factor - 1) * ((factor - 1) * f * g + (1 - f) * (1 - g))
 
 
@@ -115,7 +131,7 @@ class RoutingBoundaries(nn.Module):
   p_0 = 1: a segment starts where the stream changes direction. W_q and W_k start at the identity, as in H-Net.
 
   Decoding passes `previous_key_BxD`, the key of the row before x's first (zeros and `has_previous_B` False at
-  position 0), and gets (p, the key of x's last row) back."""
+  position 0), and gets (p, the keys [B, L, D] of x's rows) back."""
   cfg: LayerConfig
 
   @nn.compact
@@ -131,7 +147,7 @@ class RoutingBoundaries(nn.Module):
     decoding = previous_key_BxD is not None
     has_before_B = has_previous_B if decoding else jnp.zeros(x_BxLxD.shape[:1], bool)
     p_BxL = p_BxL.at[:, 0].set(jnp.where(has_before_B, p_BxL[:, 0], 1.0))
-    return (p_BxL, k_BxLxD[:, -1]) if decoding else p_BxL
+    return (p_BxL, k_BxLxD) if decoding else p_BxL
 
 
 class EntropyBoundaries(nn.Module):
@@ -198,7 +214,8 @@ class Segments(NamedTuple):
 
 def check_dynamic_settings(s, prefix: str) -> None:
   """The predictor settings of `s` (DynamicShorten, Hourglass or ModelConfig); `prefix` names their owner."""
-  check_choice(f"{prefix}boundaries", s.boundaries, BOUNDARY_PREDICTORS)
+  for predictor in s.boundaries.split(","):
+    check_choice(f"{prefix}boundaries", predictor.strip(), BOUNDARY_PREDICTORS)
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
   check_choice(f"{prefix}gumbel_evaluation", s.gumbel_evaluation, GUMBEL_EVALUATIONS)
   for field in ("segment_capacity", "gumbel_temperature"):
@@ -208,13 +225,33 @@ def check_dynamic_settings(s, prefix: str) -> None:
     raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be >= 0.")
 
 
-def check_dynamic_level(hierarchy, upsample: str, owner: str) -> None:
-  """A dynamic level is the one shortened level of `hierarchy`, up-sampled by 'repeat'; `owner` names the caller
-  ("model.shorten='dynamic'", "Hourglass(shorten='dynamic')")."""
-  if hierarchy.depth != 1 or upsample != "repeat":
-    raise ValueError(f"{owner} takes one shortened level and upsample='repeat' (each position reads its last "
-                     f"completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use e.g. "
-                     "hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+def level_predictors(boundaries: str, depth: int, owner: str = "model.boundaries") -> tuple[str, ...]:
+  """The boundary predictor of each of `depth` dynamic levels, outermost first, from `boundaries`: one name for
+  every level, or a comma-separated name per level ('whitespace,gumbel'). Levels past the first read a segment
+  stream, not bytes, so they take only INNER_PREDICTORS."""
+  names = tuple(name.strip() for name in boundaries.split(","))
+  if len(names) not in (1, depth):
+    raise ValueError(f"{owner}={boundaries!r} names {len(names)} predictors for {depth} shortened levels; give one "
+                     f"for every level or one per level, outermost first (e.g. {','.join(['gumbel'] * depth)!r}).")
+  for name in names:
+    check_choice(owner, name, BOUNDARY_PREDICTORS)
+  names = names * depth if len(names) == 1 else names
+  for level, name in enumerate(names[1:], start=2):
+    if name not in INNER_PREDICTORS:
+      raise ValueError(f"{owner}={boundaries!r}: level {level} reads the segments of the level above, not bytes, so "
+                       f"{name!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
+                       f"'{names[0]}{',gumbel' * (depth - 1)}').")
+  return names
+
+
+def check_dynamic_level(hierarchy, upsample: str, boundaries: str, prefix: str) -> tuple[str, ...]:
+  """Every shortened level of `hierarchy` is dynamic and up-sampled by 'repeat'; `prefix` names the fields' owner
+  ('model.', 'Hourglass.'). Returns `level_predictors`."""
+  if not hierarchy.depth or upsample != "repeat":
+    raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
+                     f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
+                     "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+  return level_predictors(boundaries, hierarchy.depth, f"{prefix}boundaries")
 
 
 class DynamicShorten(LayerOptions):
@@ -237,8 +274,11 @@ class DynamicShorten(LayerOptions):
 
   Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and gets, per row of x,
   (starts [B, T]: a segment starts at t, i.e. b_{t-1} = 1; start probabilities [B, T]; the state's 'boundary',
-  'key', 'entropy' and 'seen' after x, as far as the predictor keeps them; the vectors [B, T, D] that segments
-  sum: x, or its projection for 'linear').
+  'key', 'entropy' and 'seen' after each of x's tokens [B, T, ...], as far as the predictor keeps them; the vectors
+  [B, T, D] that segments sum: x, or its projection for 'linear').
+
+  `lengths_B` (a level inside another dynamic one, whose stream has empty segment slots at the end of each row)
+  counts only each row's first lengths_B positions in the losses and metrics.
   """
   factor: int = 4
   boundaries: str = "gumbel"
@@ -251,8 +291,9 @@ class DynamicShorten(LayerOptions):
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None, next_tokens_BxL=None,
-               positions_L=None):
+               positions_L=None, lengths_B=None):
     check_dynamic_settings(self, "DynamicShorten.")
+    check_choice("DynamicShorten.boundaries", self.boundaries, BOUNDARY_PREDICTORS)
     check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
     if previous is not None:
@@ -264,13 +305,15 @@ class DynamicShorten(LayerOptions):
       soft_BxL = starts_BxL + start_probs_BxL - jax.lax.stop_gradient(start_probs_BxL)  # straight-through
       b_BxL = jnp.concatenate([soft_BxL[:, 1:], jnp.zeros_like(soft_BxL[:, :1])], axis=1)
       self.sow("losses", "ratio_loss", self.boundary_loss_weight * ratio_loss(starts_BxL, start_probs_BxL,
-                                                                              self.factor))
+                                                                              self.factor, lengths_B))
     elif self.boundaries == "gumbel":
       b_BxL = self._gumbel(cfg)(x_BxLxD, deterministic)
-      self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
+      self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor,
+                                                                                           lengths_B))
     elif self.boundaries == "entropy":
       b_BxL, _, logits_BxLxV = self._entropy(cfg)(x_BxLxD)
-      self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor))
+      self.sow("losses", "boundary_prior", self.boundary_loss_weight * binomial_prior_loss(b_BxL, 1 / self.factor,
+                                                                                           lengths_B))
       if next_tokens_BxL is not None:  # the head's next-token loss; -1 marks a position with no next token
         valid_BxL = next_tokens_BxL >= 0
         losses_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, jnp.maximum(next_tokens_BxL, 0))
@@ -285,10 +328,11 @@ class DynamicShorten(LayerOptions):
     if self.segment_pooling == "linear":
       x_BxLxD = self._project(cfg)(x_BxLxD, positions_in_segments(starts_from_boundaries(hard_BxL)))
     z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, weights_BxL)
-    boundary_rate = hard_BxL.mean()
+    valid_BxL = valid_positions(hard_BxL.shape, lengths_B)
+    boundary_rate = masked_mean(hard_BxL, valid_BxL)
     self.sow("metrics", "boundary_rate", boundary_rate)
     self.sow("metrics", "shortening_rate", 1.0 / jnp.maximum(boundary_rate, 1.0 / length))
-    self.sow("metrics", "segment_overflow", (ids_BxL == num_segments - 1).mean())
+    self.sow("metrics", "segment_overflow", masked_mean(ids_BxL == num_segments - 1, valid_BxL))
     start_probs_BxM = None if start_probs_BxL is None else segment_start_probs(
         start_probs_BxL, starts_from_boundaries(hard_BxL), ids_BxL, num_segments)
     return z_BxMxD, Segments(ids_BxL, weights_BxL, start_probs_BxM)
@@ -317,10 +361,11 @@ class DynamicShorten(LayerOptions):
 
   def _starts(self, cfg, x_BxTxD, boundaries_BxT, previous, positions_T):
     """Cached decoding (see the class doc): where segments start among x's rows, given the rows before."""
+    seen_BxT = jnp.ones(x_BxTxD.shape[:2], bool)
     if self.boundaries == "routing":
-      p_BxT, key_BxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
+      p_BxT, key_BxTxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
       starts_BxT = (p_BxT >= 0.5).at[:, 0].set((p_BxT[:, 0] >= 0.5) & previous["seen"])
-      return (starts_BxT, p_BxT, dict(key=key_BxD.astype(previous["key"].dtype), seen=jnp.ones_like(previous["seen"])),
+      return (starts_BxT, p_BxT, dict(key=key_BxTxD.astype(previous["key"].dtype), seen=seen_BxT),
               self._pooled(cfg, x_BxTxD, starts_BxT, previous))
     updates = {}
     if self.boundaries == "gumbel":
@@ -328,11 +373,11 @@ class DynamicShorten(LayerOptions):
     elif self.boundaries == "entropy":
       b_BxT, e_BxT, _ = self._entropy(cfg)(x_BxTxD, previous["entropy"], previous["seen"])
       b_BxT = b_BxT > 0.5
-      updates = dict(entropy=e_BxT[:, -1], seen=jnp.ones_like(previous["seen"]))
+      updates = dict(entropy=e_BxT, seen=seen_BxT)
     else:
       b_BxT = self._given(x_BxTxD, boundaries_BxT).astype(bool)
     starts_BxT = jnp.concatenate([previous["boundary"][:, None], b_BxT[:, :-1]], axis=1)
-    return (starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(updates, boundary=b_BxT[:, -1]),
+    return (starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(updates, boundary=b_BxT),
             self._pooled(cfg, x_BxTxD, starts_BxT, previous))
 
 
