@@ -11,7 +11,7 @@ from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.hourglass import WHITESPACE_BYTES
 from hourglass_jax.testing import random_variables
 from hourglass_jax.weights import save_params
-from tests.helpers import SMALL
+from tests.helpers import SMALL, centered_gumbel_levels
 
 DYNAMIC = dict(SMALL, vocab_size=256, kind="hourglass", hierarchy="1@1 2@3 1@1", shorten="dynamic",
                upsample="repeat")
@@ -62,3 +62,19 @@ def test_the_command_prints_the_marked_text(tmp_path):
                         f"--text={TEXT.decode()}", "--gumbel_evaluation=sample"], capture_output=True, text=True,
                        check=True).stdout
   assert out.splitlines()[0].replace("|", "") == TEXT.decode() and "'gumbel', evaluation 'sample'" in out
+
+
+def test_a_nested_level_marks_the_bytes_that_close_its_segments(tmp_path):
+  """Words at the first level ('whitespace'); the second level cuts after some words: '||' on the bytes that closed
+  them, and its summary counts the words."""
+  cfg = ModelConfig(**dict(DYNAMIC, hierarchy="1@1 1@2 1@4 1@2 1@1", boundaries="whitespace,gumbel"))
+  model, tokens = build_model(cfg), np.frombuffer(TEXT, np.uint8).astype(np.int32)[None]
+  save_params(decode.unbox_params(centered_gumbel_levels(model, random_variables(model, tokens), tokens)), cfg,
+              tmp_path)
+  text, cuts = show(tmp_path, TEXT)
+  marks, first, second = text.splitlines()
+  assert marks.replace("|", "") == TEXT.decode() and marks.replace("||", "|").split("|")[:3] == ["First ",
+                                                                                                 "Citizen:", " "]
+  assert first.startswith(f"level 1 (|): {int(cuts.sum())} boundaries in {len(TEXT)} bytes")
+  words, closed = int(cuts[:-1].sum()) + 1, marks.count("||")
+  assert 0 < closed < words and second.startswith(f"level 2 (||): {closed} boundaries in {words} level-1 segments")

@@ -1,5 +1,5 @@
 """`hourglass-boundaries`: where a learned-shortening model cuts a text, the bytes with a '|' after each segment
-boundary.
+boundary ('||' where a nested dynamic level's segment closes too).
 
 Reads weights exported with `hourglass-export` from a model trained with `shorten='dynamic'` (configs/dynamic.py),
 runs the forward pass in evaluation mode and marks the boundary decisions the dynamic level sows into
@@ -21,33 +21,54 @@ from hourglass_jax.model import build_model
 from hourglass_jax.weights import load_params
 
 
-def boundaries_of(model, params, text: bytes) -> np.ndarray:
-  """bool [len(text)]: the dynamic level's boundary after each byte, in evaluation mode."""
+def level_boundaries(model, params, text: bytes) -> list[np.ndarray]:
+  """Per dynamic level, outermost first: (bool [len(text)] whether that level's segment closes at each byte, bool
+  [segments of the level above] its own decisions), in evaluation mode. A nested level cuts between segments of the
+  level above, so its cut falls on the byte that closed the segment it cuts after."""
   if not model.cfg.dynamic:
     raise ValueError(f"the model has shorten={model.cfg.shorten!r}; boundaries come from a model trained with "
                      "shorten='dynamic' (e.g. configs/dynamic.py).")
   tokens = jnp.asarray(np.frombuffer(text, np.uint8).astype(np.int32))[None]
   _, sown = model.apply({"params": params}, tokens, mutable=["intermediates"])
-  return np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])[0, :len(text)]
+  level, levels = sown["intermediates"]["body"], []
+  slot_T, closes_T = np.arange(len(text)), np.ones(len(text), bool)  # each byte's position in the level's stream
+  while "shorten" in level:
+    cuts = np.asarray(level["shorten"]["boundaries"][0])[0]
+    closes_T = closes_T & cuts[slot_T]
+    filled = int(slot_T[-1]) + 1 if len(text) else 0
+    levels.append((closes_T, cuts[:filled]))
+    slot_T = (np.cumsum(cuts) - cuts)[slot_T]  # the segment of the byte's slot: the next level's position
+    level = level.get("inner", {})
+  return levels
 
 
-def marked(text: bytes, boundaries: np.ndarray) -> str:
-  """The text with '|' after every byte that closes a segment (bytes shown as Latin-1, newlines as '⏎')."""
-  return "".join(chr(byte).replace("\n", "⏎") + ("|" if cut else "") for byte, cut in zip(text, boundaries))
+def boundaries_of(model, params, text: bytes) -> np.ndarray:
+  """bool [len(text)]: the (outermost) dynamic level's boundary after each byte, in evaluation mode."""
+  return level_boundaries(model, params, text)[0][0]
+
+
+def marked(text: bytes, depth) -> str:
+  """The text with '|' after every byte that closes a segment, '||' where a nested level's segment closes too, and
+  so on (`depth`: the levels closing after each byte, or bool; bytes shown as Latin-1, newlines as '⏎')."""
+  return "".join(chr(byte).replace("\n", "⏎") + "|" * int(levels) for byte, levels in zip(text, depth))
 
 
 def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[str, np.ndarray]:
-  """(the marked text and a summary line, the boundaries) of the model exported to `weights` on `text`;
-  `gumbel_evaluation` overrides the model's (model.gumbel_evaluation) when given."""
+  """(the marked text and a summary line per level, the outermost level's boundaries) of the model exported to
+  `weights` on `text`; `gumbel_evaluation` overrides the model's (model.gumbel_evaluation) when given."""
   model, params = load_params(weights)
   if gumbel_evaluation:
     model = build_model(dataclasses.replace(model.cfg, gumbel_evaluation=gumbel_evaluation))
-  cuts = boundaries_of(model, params, text)
-  evaluation = f", evaluation '{model.cfg.gumbel_evaluation}'" if model.cfg.boundaries == "gumbel" else ""
-  summary = (f"{int(cuts.sum())} boundaries in {len(text)} bytes: one per {len(text) / max(int(cuts.sum()), 1):.2f} "
-             f"bytes (target {model.cfg.parsed_hierarchy.relative_factor(0)}, predictor '{model.cfg.boundaries}'"
-             f"{evaluation})")
-  return f"{marked(text, cuts)}\n{summary}", cuts
+  cfg, levels = model.cfg, level_boundaries(model, params, text)
+  lines = [marked(text, sum(closes.astype(int) for closes, _ in levels))]
+  for level, ((_, cuts), predictor) in enumerate(zip(levels, cfg.level_predictors)):
+    evaluation = f", evaluation '{cfg.gumbel_evaluation}'" if predictor == "gumbel" else ""
+    unit = "bytes" if level == 0 else f"level-{level} segments"
+    prefix = "" if len(levels) == 1 else f"level {level + 1} ({'|' * (level + 1)}): "
+    lines.append(f"{prefix}{int(cuts.sum())} boundaries in {len(cuts)} {unit}: one per "
+                 f"{len(cuts) / max(int(cuts.sum()), 1):.2f} {unit.split()[-1]} (target "
+                 f"{cfg.parsed_hierarchy.relative_factor(level)}, predictor '{predictor}'{evaluation})")
+  return "\n".join(lines), levels[0][0]
 
 
 def main():

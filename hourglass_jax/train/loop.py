@@ -117,7 +117,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
       mfu = perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else float("nan")
       extras = {name: values[name] for name in values if name not in _STEP_METRICS}
       bar.set_postfix_str(f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}, "
-                          + "".join(f"{name.rsplit('/', 1)[-1]} {value:.3g}, " for name, value in extras.items())
+                          + "".join(f"{bar_label(name)} {value:.3g}, " for name, value in extras.items())
                           + f"{tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU {mfu:.1%}")
       writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
                             "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
@@ -174,6 +174,13 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
 
 
 SAMPLE_TEMPERATURE = 0.8  # the end-of-run sample's
+
+
+def bar_label(metric: str) -> str:
+  """A sown metric's short name on the progress bar: its last path part, with the level ('boundary_rate[2]') where
+  the sowing module is nested in inner levels (TensorBoard keeps the whole path)."""
+  depth = metric.split("/").count("inner")
+  return metric.rsplit("/", 1)[-1] + (f"[{depth + 1}]" if depth else "")
 
 
 def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) -> tuple[bytes, bytes]:
