@@ -141,6 +141,8 @@ def test_two_predictors_make_a_preset_of_two_dynamic_levels(name):
   cfg = ModelConfig.from_dict(load_config(name, "whitespace,gumbel").model)
   assert cfg.parsed_hierarchy.depth == 2 and cfg.level_predictors == ("whitespace", "gumbel")
   assert cfg.boundary_loss_weight == 1.0
+  assert load_config(name, "whitespace,routing").model.boundary_loss_weight == 0.03  # routing's is the only loss
+  assert load_config(name, "gumbel,routing").model.boundary_loss_weight == 1.0
   with pytest.raises(ValueError, match="level 2 reads the segments of the level above"):
     load_config(name, "gumbel,whitespace")
   with pytest.raises(ValueError, match="names 3 predictors"):

@@ -26,6 +26,7 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
     cfg.model.hierarchy = nested_hierarchy
     level_predictors(predictor, 2, f"configs/{config_name}.py:{predictor}: model.boundaries")
   cfg.model.update(shorten="dynamic", upsample="repeat", boundaries=",".join(names))
-  if all(name == "routing" for name in names):  # one weight serves every level: the prior's 1 unless all route
-    cfg.model.boundary_loss_weight = ROUTING_RATIO_LOSS_WEIGHT
+  learned = [name for name in names if name != "whitespace"]
+  if learned and all(name == "routing" for name in learned):  # one weight serves every level: the prior's 1
+    cfg.model.boundary_loss_weight = ROUTING_RATIO_LOSS_WEIGHT  # unless every level with a loss routes
   return cfg
