@@ -19,9 +19,9 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
                        f"{', '.join(BOUNDARY_PREDICTORS)}, or two of them for two levels (e.g. "
                        f"--config=configs/{config_name}.py:gumbel or :whitespace,gumbel).")
   if len(names) > (2 if nested_hierarchy else 1):
-    raise ValueError(f"configs/{config_name}.py:{predictor} names {len(names)} predictors; the file has "
-                     f"{'one or two dynamic levels (e.g. :whitespace,gumbel)' if nested_hierarchy else 'one dynamic level'}"
-                     ". Set model.hierarchy and model.boundaries for more.")
+    levels = "one or two dynamic levels (e.g. :whitespace,gumbel)" if nested_hierarchy else "one dynamic level"
+    raise ValueError(f"configs/{config_name}.py:{predictor} names {len(names)} predictors; the file has {levels}. "
+                     "Set model.hierarchy and model.boundaries for more.")
   if len(names) == 2:
     cfg.model.hierarchy = nested_hierarchy
     level_predictors(predictor, 2, f"configs/{config_name}.py:{predictor}: model.boundaries")

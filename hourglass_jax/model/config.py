@@ -47,7 +47,8 @@ class ModelConfig(DerivedLayerSettings):
   upsample: str = _field("attention_repeat", function_of=("hourglass",))
   position: str = _field("rope", function_of=KINDS)
   # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS; one name, or one per shortened
-  # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`. Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
+  # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`.
+  # Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
   boundaries: str = _field("gumbel", function_of=(DYNAMIC,))
   boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
   segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
