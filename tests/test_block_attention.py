@@ -162,6 +162,15 @@ def test_block_sizes_need_not_match_or_divide_the_lengths():
     np.testing.assert_allclose(ba.block_attention(q, k, v, mask, block_q=bq, block_k=bk), ref, atol=1e-5)
 
 
+def _mix32(x):
+  """lowbias32 in numpy uint32 arithmetic (wrapping multiplies)."""
+  x = x ^ (x >> 16)
+  x = x * np.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * np.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
 def test_dropout_keep_mask_is_blockwise_seeded_and_keeps_one_minus_rate():
   keep = ba.dropout_keep_mask(jax.random.key(0), 0.25, 2, 3, 40, 36, 8, 8)
   assert keep.shape == (2, 3, 40, 36) and keep.dtype == jnp.bool_
@@ -170,9 +179,26 @@ def test_dropout_keep_mask_is_blockwise_seeded_and_keeps_one_minus_rate():
   other = ba.dropout_keep_mask(jax.random.key(1), 0.25, 2, 3, 40, 36, 8, 8)
   np.testing.assert_array_equal(keep, again)
   assert not np.array_equal(keep, other)
-  words = jax.random.bits(jax.random.fold_in(jax.random.key(0), 1 * 5 + 2), (2, 3, 8, 4), jnp.uint32)
-  halves = np.asarray(words)[..., None] >> np.array([0, 16], np.uint32) & 0xFFFF  # little-endian 16-bit halves
+  # Pair (1, 2) of the 5 x 5 blocks (6 x 5 seeds with the spare q block): its seed hashed with each counter.
+  seed = np.asarray(jax.random.bits(jax.random.key(0), (6 * 5,), jnp.uint32))[1 * 5 + 2]
+  with np.errstate(over="ignore"):
+    words = _mix32(_mix32(np.arange(2 * 3 * 8 * 4, dtype=np.uint32)) ^ seed).reshape(2, 3, 8, 4)
+  halves = words[..., None] >> np.array([0, 16], np.uint32) & 0xFFFF  # little-endian 16-bit halves
   np.testing.assert_array_equal(keep[:, :, 8:16, 16:24], halves.reshape(2, 3, 8, 8) < 49152)
+
+
+def test_dropout_masks_of_different_blocks_are_independent():
+  """Each block's mask agrees with another block's, or with a shifted copy of it, at the chance rate
+  p^2 + (1-p)^2, and every row, column and head keeps about 1 - rate."""
+  keep = np.asarray(ba.dropout_keep_mask(jax.random.key(3), 0.5, 4, 8, 256, 256, 128, 128))
+  blocks = [keep[..., i:i + 128, j:j + 128].ravel() for i in (0, 128) for j in (0, 128)]
+  for a in range(4):
+    for b in range(a + 1, 4):
+      for shift in (0, 1, 64, 2048):
+        assert abs(float(np.mean(blocks[a] == np.roll(blocks[b], shift))) - 0.5) < 0.01, (a, b, shift)
+  for axis in (0, 1, 2, 3):
+    means = keep.mean(axis=tuple(x for x in range(4) if x != axis))
+    assert np.all(np.abs(means - 0.5) < 0.03), axis
 
 
 def test_dispatcher_runs_block_and_materialises_the_relative_bias_elsewhere():

@@ -12,8 +12,9 @@ recomputes each round from the saved log-sum-exp.
 Shapes as in ops/attention.py: q [B, T, N, H], k and v [B, S, N, H], mask [T, S] static numpy (True = may attend).
 The bias is [B|1, N|1, T, S], or the relative form (pos [B|1, N|1, T, R], static int index [T, S]) meaning
 bias[..., t, s] = pos[..., t, index[t, s]], gathered per block. Query rows the mask leaves empty return 0.
-Probability dropout (after the softmax normalisation, as in the reference) draws each pair's keep mask from
-fold_in(rng, pair id); dropout_keep_mask builds the same mask in full for reference_attention.
+Probability dropout (after the softmax normalisation, as in the reference) draws one seed per pair from the rng
+and hashes it with each element's counter into the pair's keep mask (_keep); dropout_keep_mask builds the same
+mask in full for reference_attention.
 """
 
 import dataclasses
@@ -180,23 +181,34 @@ def _bias_source(plan: BlockPlan, bias):
   return pos.reshape(*pos.shape[:2], plan.t * r), table
 
 
-def _pair_keys(rng, pair_ids):
-  """fold_in(rng, pair id) for an int array of pair ids (pair (i, j) has id i * nk + j)."""
-  ids = np.asarray(pair_ids)
-  return jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.asarray(ids.ravel(), jnp.uint32)).reshape(ids.shape)
+def _pair_seeds(rng, nq: int, nk: int):
+  """One uint32 seed per (query block, key block) pair, pair (i, j) at index i * nk + j of a single draw of
+  (nq + 1) * nk words (the spare q block's pairs included), so every caller sees the same seed for a pair."""
+  return jax.random.bits(rng, ((nq + 1) * nk,), jnp.uint32)
 
 
-def _keep(keys_P, rate, b, n, bq, bk):
-  """Dropout keep masks [P, B, N, bq, bk], per pair key: 16-bit uniforms (both halves of each 32-bit word, half
-  the random bits of jax.random.bernoulli) below round(65536 (1 - rate)), so P(keep) is within 2^-17 of 1 - rate.
-  A loop, not vmap: 'rbg' keys draw other bits under vmap, and the full mask must equal the block-wise one."""
+def _mix32(x):
+  """lowbias32 (C. Wellons' integer hash): a bijection of uint32 whose output bits each flip with probability
+  close to 1/2 when any input bit flips."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def _keep(seeds_P, rate, b, n, bq, bk):
+  """Dropout keep masks [P, B, N, bq, bk] from one seed per pair: 32-bit words mix32(mix32(counter) ^ seed) of
+  the element counter, each word's two 16-bit halves below round(65536 (1 - rate)), so P(keep) is within 2^-17
+  of 1 - rate. A counter hash costs a tenth of threefry's bits on CPU (where they were a fifth of the attention
+  step with dropout); hashing the counter before the seed enters keeps two pairs' masks from being shifted
+  copies of each other, as an additive seed would make them."""
   threshold = np.uint32(round(65536 * (1.0 - rate)))
-
-  def draw(key):
-    words = jax.random.bits(key, (b, n, bq, -(-bk // 2)), jnp.uint32)
-    halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(b, n, bq, -1)[..., :bk]
-    return halves.astype(jnp.uint32) < threshold
-  return jax.lax.map(draw, keys_P)
+  words = -(-bk // 2)
+  counter = jnp.arange(b * n * bq * words, dtype=jnp.uint32).reshape(1, b, n, bq, words)
+  bits = _mix32(_mix32(counter) ^ jnp.asarray(seeds_P, jnp.uint32).reshape(-1, 1, 1, 1, 1))
+  halves = jax.lax.bitcast_convert_type(bits, jnp.uint16).reshape(*bits.shape[:4], 2 * words)[..., :bk]
+  return halves.astype(jnp.uint32) < threshold
 
 
 def dropout_keep_mask(rng, rate: float, b: int, n: int, t: int, s: int, block_q: int = BLOCK_Q,
@@ -205,7 +217,7 @@ def dropout_keep_mask(rng, rate: float, b: int, n: int, t: int, s: int, block_q:
   the same rng and block sizes; give it to reference_attention(dropout_mask=...) to reproduce its dropout."""
   bq, bk = block_sizes(t, s, block_q, block_k)
   nq, nk = -(-t // bq), -(-s // bk)
-  keep = _keep(_pair_keys(rng, np.arange(nq * nk)), rate, b, n, bq, bk).reshape(nq, nk, b, n, bq, bk)
+  keep = _keep(_pair_seeds(rng, nq, nk)[:nq * nk], rate, b, n, bq, bk).reshape(nq, nk, b, n, bq, bk)
   return keep.transpose(2, 3, 0, 4, 1, 5).reshape(b, n, nq * bq, nk * bk)[:, :, :t, :s]
 
 
@@ -220,12 +232,12 @@ def block_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=None, *
   plan = make_plan(mask_TxS, t, s, block_q, block_k)
   rate = float(dropout_rate) if dropout_rate > 0.0 and dropout_rng is not None else 0.0
   source, table = _bias_source(plan, bias) if bias is not None else (None, None)
-  keys = _pair_keys(dropout_rng, plan.q_blocks * plan.nk + plan.k_blocks) if rate else None
-  return _attention_fn(plan, table, rate, (b, heads))(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, source, keys)
+  seeds = _pair_seeds(dropout_rng, plan.nq, plan.nk)[plan.q_blocks * plan.nk + plan.k_blocks] if rate else None
+  return _attention_fn(plan, table, rate, (b, heads))(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, source, seeds)
 
 
 def _attention_fn(plan: BlockPlan, table, rate, bn):
-  """A custom-VJP attention (q, k, v, bias source, dropout keys [R, G] or None) closed over the static plan,
+  """A custom-VJP attention (q, k, v, bias source, dropout seeds [R, G] or None) closed over the static plan,
   relative-bias table and dropout rate. It closes over numpy only: a jax array made here would be a tracer of the
   caller's trace (e.g. flax's nn.scan) leaking into the backward."""
   bq, bk, nq, nk = plan.bq, plan.bk, plan.nq, plan.nk
@@ -247,22 +259,22 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
       s = s + jnp.moveaxis(jnp.take(source, flat_index(pid), axis=-1), 2, 0).astype(jnp.float32)
     return jnp.where(jnp.asarray(plan.masks)[mid][:, None, None], s, _MIN)
 
-  def keep_scale(key):
-    return _keep(key, rate, *bn, bq, bk) / (1.0 - rate) if rate else None
+  def keep_scale(seeds_G):
+    return _keep(seeds_G, rate, *bn, bq, bk) / (1.0 - rate) if rate else None
 
-  def forward(q, k, v, source, keys):
-    xs = (plan.q_blocks, plan.k_blocks, plan.mask_ids, pair_ids, keys)
+  def forward(q, k, v, source, seeds):
+    xs = (plan.q_blocks, plan.k_blocks, plan.mask_ids, pair_ids, seeds)
     q5, k5, v5 = _blocks(q, nq, bq, spare=True), _blocks(k, nk, bk), _blocks(v, nk, bk)
 
     def step(carry, x):
       m, l, acc = carry
-      qi, kj, _, pid, key = x
+      qi, kj, _, pid, seed = x
       s = logits(x, q5, k5, source)
       m_old = m[qi]
       m_new = jnp.maximum(m_old, s.max(-1))
       p = jnp.exp(s - m_new[..., None])
       alpha = jnp.exp(m_old - m_new)
-      z = keep_scale(key)
+      z = keep_scale(seed)
       pv = jnp.einsum("gbnqk,gbnkh->gbnqh", (p if z is None else p * z).astype(v.dtype), v5[kj],
                       preferred_element_type=jnp.float32)
       return (m.at[qi].set(m_new), l.at[qi].set(alpha * l[qi] + p.sum(-1)),
@@ -278,16 +290,16 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
     return _unblocks(out, plan.t).astype(v.dtype), m + jnp.log(l)
 
   @jax.custom_vjp
-  def attend(q, k, v, source, keys):
-    return forward(q, k, v, source, keys)[0]
+  def attend(q, k, v, source, seeds):
+    return forward(q, k, v, source, seeds)[0]
 
-  def attend_fwd(q, k, v, source, keys):
-    out, lse = forward(q, k, v, source, keys)
-    return out, (q, k, v, source, keys, out, lse)
+  def attend_fwd(q, k, v, source, seeds):
+    out, lse = forward(q, k, v, source, seeds)
+    return out, (q, k, v, source, seeds, out, lse)
 
   def attend_bwd(res, d_out):
-    q, k, v, source, keys, out, lse = res
-    xs = (plan.q_blocks, plan.k_blocks, plan.mask_ids, pair_ids, keys)
+    q, k, v, source, seeds, out, lse = res
+    xs = (plan.q_blocks, plan.k_blocks, plan.mask_ids, pair_ids, seeds)
     scale = q.shape[-1] ** -0.5
     q5, k5, v5 = _blocks(q, nq, bq, spare=True), _blocks(k, nk, bk), _blocks(v, nk, bk)
     do5 = _blocks(d_out, nq, bq, spare=True)
@@ -298,10 +310,10 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
 
     def step(carry, x):
       dq, dk, dv, dsource = carry
-      qi, kj, _, pid, key = x
+      qi, kj, _, pid, seed = x
       s = logits(x, q5, k5, source)
       p = jnp.exp(s - lse[qi][..., None])
-      z = keep_scale(key)
+      z = keep_scale(seed)
       do_blk = do5[qi]
       dv_blk = jnp.einsum("gbnqk,gbnqh->gbnkh", (p if z is None else p * z).astype(v.dtype), do_blk,
                           preferred_element_type=jnp.float32)
