@@ -15,6 +15,7 @@ from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.positions import apply_rope, relative_distance_index, sinusoid_table
 from hourglass_jax.ops.attention import dot_product_attention
 from hourglass_jax.ops.block_attention import relative_bias
+from hourglass_jax.ops.dropout import Dropout
 
 _kernel_init = nn.initializers.xavier_uniform()
 
@@ -71,7 +72,7 @@ class FeedForward(nn.Module):
     cfg = self.cfg
     h_BxLxF = dense(cfg, cfg.d_ff, ("embed", "mlp"), "wi")(x_BxLxD)
     h_BxLxF = nn.gelu(h_BxLxF, approximate=True)
-    h_BxLxF = nn.Dropout(cfg.dropout)(h_BxLxF, deterministic=deterministic)
+    h_BxLxF = Dropout(cfg.dropout)(h_BxLxF, deterministic=deterministic)
     return dense(cfg, cfg.d_model, ("mlp", "embed"), "wo")(h_BxLxF)
 
 
@@ -143,9 +144,9 @@ def relative_position_terms(cfg: LayerConfig, q_BxTxNxH, u_NxH, v_NxH, project, 
 def feed_forward_residual(cfg: LayerConfig, x_BxLxD, h_BxLxD, deterministic: bool):
   """x + drop(h), then + drop(FFN(LN .)): the tail every block shares after its attention output h, whatever the
   attention (self, scale groups, resampling). Its params ('mlp_norm', 'mlp') belong to the calling block."""
-  x_BxLxD = x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+  x_BxLxD = x_BxLxD + Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
   h_BxLxD = FeedForward(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x_BxLxD), deterministic)
-  return x_BxLxD + nn.Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
+  return x_BxLxD + Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
 
 
 def stream_cache(kv: dict, index_T, factor: int, layer=None) -> tuple[KVCache, jax.Array]:

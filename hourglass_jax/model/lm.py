@@ -10,6 +10,7 @@ from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
 from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
+from hourglass_jax.ops.dropout import Dropout
 
 
 def build_body(cfg: ModelConfig, name: str = "body"):
@@ -59,7 +60,7 @@ class HourglassLM(nn.Module):
     # Padding at the end is causal-safe: no real position can see it.
     tokens_BxP = jnp.pad(tokens_BxL, ((0, 0), (0, padded - length)))
     x_BxPxD = nan_rows_with_bad_ids(embed(tokens_BxP), tokens_BxP, cfg.vocab_size)
-    x_BxPxD = nn.Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
+    x_BxPxD = Dropout(cfg.dropout)(x_BxPxD, deterministic=deterministic)
     x_BxPxD = build_body(cfg)(x_BxPxD, deterministic, **self._from_tokens(tokens_BxP, targets=True))
     logits_BxPxV = head(x_BxPxD)
     return logits_BxPxV[:, :length].astype(jnp.float32)

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hourglass_jax.ops.dropout import mix32
+
 BLOCK_Q = 128
 BLOCK_K = 128
 _MIN = float(np.finfo(np.float32).min)
@@ -187,16 +189,6 @@ def _pair_seeds(rng, nq: int, nk: int):
   return jax.random.bits(rng, ((nq + 1) * nk,), jnp.uint32)
 
 
-def _mix32(x):
-  """lowbias32 (C. Wellons' integer hash): a bijection of uint32 whose output bits each flip with probability
-  close to 1/2 when any input bit flips."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
 def _keep(seeds_P, rate, b, n, bq, bk):
   """Dropout keep masks [P, B, N, bq, bk] from one seed per pair: 32-bit words mix32(mix32(counter) ^ seed) of
   the element counter, each word's two 16-bit halves below round(65536 (1 - rate)), so P(keep) is within 2^-17
@@ -206,7 +198,7 @@ def _keep(seeds_P, rate, b, n, bq, bk):
   threshold = np.uint32(round(65536 * (1.0 - rate)))
   words = -(-bk // 2)
   counter = jnp.arange(b * n * bq * words, dtype=jnp.uint32).reshape(1, b, n, bq, words)
-  bits = _mix32(_mix32(counter) ^ jnp.asarray(seeds_P, jnp.uint32).reshape(-1, 1, 1, 1, 1))
+  bits = mix32(mix32(counter) ^ jnp.asarray(seeds_P, jnp.uint32).reshape(-1, 1, 1, 1, 1))
   halves = jax.lax.bitcast_convert_type(bits, jnp.uint16).reshape(*bits.shape[:4], 2 * words)[..., :bk]
   return halves.astype(jnp.uint32) < threshold
 

@@ -14,6 +14,7 @@ from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import (MultiHeadAttention, dense, feed_forward_residual, layer_norm, rematerialised,
                                         stream_positions)
+from hourglass_jax.ops.dropout import Dropout
 
 SHORTEN_METHODS = ("avg", "linear", "attention_avg", "attention_linear")
 UPSAMPLE_METHODS = ("repeat", "linear", "attention_repeat", "attention_linear", "none")
@@ -49,7 +50,7 @@ class Pool(nn.Module):
     if self.method == "avg":
       return x_BxLkxKxD.mean(axis=2)
     z_BxLkxD = dense(self.cfg, d, ("mlp", "embed"), "proj")(x_BxLkxKxD.reshape(b, length // self.k, self.k * d))
-    return nn.Dropout(self.cfg.dropout)(z_BxLkxD, deterministic=deterministic)
+    return Dropout(self.cfg.dropout)(z_BxLkxD, deterministic=deterministic)
 
 
 class Unpool(nn.Module):
@@ -64,7 +65,7 @@ class Unpool(nn.Module):
       return jnp.repeat(z_BxLkxD, self.k, axis=1)
     b, short, d = z_BxLkxD.shape
     u_BxLkxKD = dense(self.cfg, self.k * d, ("embed", "mlp"), "proj")(z_BxLkxD)
-    u_BxLkxKD = nn.Dropout(self.cfg.dropout)(u_BxLkxKD, deterministic=deterministic)
+    u_BxLkxKD = Dropout(self.cfg.dropout)(u_BxLkxKD, deterministic=deterministic)
     return u_BxLkxKD.reshape(b, short * self.k, d)
 
 

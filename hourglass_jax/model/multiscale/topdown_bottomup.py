@@ -23,6 +23,7 @@ from hourglass_jax.model.hourglass.resampling import upsample_mask
 from hourglass_jax.model.multiscale.attention import ScaleAttention
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pool, pyramid, upsample
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
+from hourglass_jax.ops.dropout import Dropout
 
 
 def new_multiscale_cache(cfg: LayerConfig, kind: str, scales: MultiScale, batch: int, padded: int) -> dict:
@@ -46,7 +47,7 @@ def new_multiscale_cache(cfg: LayerConfig, kind: str, scales: MultiScale, batch:
 def merge(cfg: LayerConfig, e_BxLxD, u_BxLxD, deterministic: bool, name: str):
   """A finer scale's input: GELU(Linear(concat(its pooled inputs, the up-sampled coarser output))), dropped out."""
   h_BxLxD = dense(cfg, cfg.d_model, ("mlp", "embed"), name)(jnp.concatenate([e_BxLxD, u_BxLxD], axis=-1))
-  return nn.Dropout(cfg.dropout)(nn.gelu(h_BxLxD, approximate=True), deterministic=deterministic)
+  return Dropout(cfg.dropout)(nn.gelu(h_BxLxD, approximate=True), deterministic=deterministic)
 
 
 def _stack(options, scales: MultiScale, i: int, name: str | None = None):
