@@ -206,3 +206,13 @@ def trained_run(workdir, steps: int = 4, every_steps: int = 2):
     state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
   assert step == steps
   return cfg, trainer, jax.device_get(state), data_state
+
+
+def mix32_numpy(x):
+  """lowbias32 (hourglass_jax.ops.dropout.mix32) in numpy uint32 arithmetic, with wrapping multiplies."""
+  with np.errstate(over="ignore"):
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> 16)

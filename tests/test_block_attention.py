@@ -9,6 +9,7 @@ from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask
 from hourglass_jax.model.multiscale.attention import retina_mask
 from hourglass_jax.ops import block_attention as ba
 from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation
+from tests.helpers import mix32_numpy
 
 # (T, S, mask, query positions, key positions): several blocks of at most 8, lengths not all multiples of 8.
 CASES = {
@@ -162,15 +163,6 @@ def test_block_sizes_need_not_match_or_divide_the_lengths():
     np.testing.assert_allclose(ba.block_attention(q, k, v, mask, block_q=bq, block_k=bk), ref, atol=1e-5)
 
 
-def _mix32(x):
-  """lowbias32 in numpy uint32 arithmetic (wrapping multiplies)."""
-  x = x ^ (x >> 16)
-  x = x * np.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * np.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
 def test_dropout_keep_mask_is_blockwise_seeded_and_keeps_one_minus_rate():
   keep = ba.dropout_keep_mask(jax.random.key(0), 0.25, 2, 3, 40, 36, 8, 8)
   assert keep.shape == (2, 3, 40, 36) and keep.dtype == jnp.bool_
@@ -181,8 +173,7 @@ def test_dropout_keep_mask_is_blockwise_seeded_and_keeps_one_minus_rate():
   assert not np.array_equal(keep, other)
   # Pair (1, 2) of the 5 x 5 blocks (6 x 5 seeds with the spare q block): its seed hashed with each counter.
   seed = np.asarray(jax.random.bits(jax.random.key(0), (6 * 5,), jnp.uint32))[1 * 5 + 2]
-  with np.errstate(over="ignore"):
-    words = _mix32(_mix32(np.arange(2 * 3 * 8 * 4, dtype=np.uint32)) ^ seed).reshape(2, 3, 8, 4)
+  words = mix32_numpy(mix32_numpy(np.arange(2 * 3 * 8 * 4, dtype=np.uint32)) ^ seed).reshape(2, 3, 8, 4)
   halves = words[..., None] >> np.array([0, 16], np.uint32) & 0xFFFF  # little-endian 16-bit halves
   np.testing.assert_array_equal(keep[:, :, 8:16, 16:24], halves.reshape(2, 3, 8, 8) < 49152)
 
