@@ -244,3 +244,8 @@ def test_gradients_through_a_scan_of_layers():
   block = lambda *a: ba.block_attention(*a, **BLOCK)
   np.testing.assert_allclose(jax.grad(stack, argnums=1)(block, q), jax.grad(stack, argnums=1)(reference_attention, q),
                              atol=1e-5, rtol=1e-4)
+
+
+def test_dropout_refuses_a_block_counter_past_two_to_the_32():
+  with pytest.raises(ValueError, match="2\\^32 counter"):
+    jax.eval_shape(lambda s: ba._keep(s, 0.1, 2 ** 17, 16, 128, 128), jax.ShapeDtypeStruct((1,), jnp.uint32))

@@ -197,6 +197,9 @@ def _keep(seeds_P, rate, b, n, bq, bk):
   copies of each other, as an additive seed would make them."""
   threshold = np.uint32(round(65536 * (1.0 - rate)))
   words = -(-bk // 2)
+  if b * n * bq * words >= 2 ** 32:
+    raise ValueError(f"block attention dropout: batch {b} x heads {n} x a {bq} x {bk} block exceeds the 2^32 "
+                     "counter of its keep mask; use a smaller batch per attention call.")
   counter = jnp.arange(b * n * bq * words, dtype=jnp.uint32).reshape(1, b, n, bq, words)
   bits = mix32(mix32(counter) ^ jnp.asarray(seeds_P, jnp.uint32).reshape(-1, 1, 1, 1, 1))
   halves = jax.lax.bitcast_convert_type(bits, jnp.uint16).reshape(*bits.shape[:4], 2 * words)[..., :bk]
