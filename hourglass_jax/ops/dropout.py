@@ -3,7 +3,7 @@
 jax.random draws every element's bits with threefry, about a hundred integer operations per 32-bit word; on a CPU
 that was 4-6% of the enwik8 train step for the residual and feed-forward dropout alone. Here the rng gives two
 32-bit seeds, and element (row, col) of x viewed as [rows, last axis] keeps with probability 1 - rate when
-mix32(mix32(mix32(col ^ s0) ^ mix32(row ^ s1))) < 2^32 (1 - rate). Each mix32 is a bijection, so distinct rows
+mix32(mix32(col ^ s0) ^ mix32(row ^ s1)) < 2^32 (1 - rate). Each mix32 is a bijection, so distinct rows
 (or columns) never share bits, and the row/column split keeps this well defined for arrays of more than 2^32
 elements (a pod-sized batch) without 64-bit integers.
 """
