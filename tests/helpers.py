@@ -129,7 +129,7 @@ HOURGLASS = dict(model=dict(kind="hourglass", hierarchy="1@1 1@2 1@1", shorten="
 FLAGS = ("--config.model.kind=vanilla", "--config.model.hierarchy=1@1", "--config.model.dropout=0.1",
          "--config.data.batch_size=8", "--config.data.eval_batches=1", "--config.train.schedule=constant",
          "--config.train.learning_rate=0.01", "--config.train.eval_every=0", "--config.train.log_every=2",
-         "--config.train.peak_flops_per_device=1e9", "--config.checkpoint.every_steps=0")
+         "--config.train.peak_flops_per_device=1e15", "--config.checkpoint.every_steps=0")
 
 
 def tiny_config(steps: int = 6, **sections) -> ml_collections.ConfigDict:
@@ -138,7 +138,7 @@ def tiny_config(steps: int = 6, **sections) -> ml_collections.ConfigDict:
   cfg.model.update(dropout=0.1, **ONE_LAYER)
   cfg.data.update(batch_size=8, eval_batches=1)
   cfg.train.update(steps=steps, schedule="constant", learning_rate=1e-2, eval_every=0, log_every=2,
-                   peak_flops_per_device=1e9)
+                   peak_flops_per_device=1e15)
   cfg.checkpoint.update(every_steps=0)
   for section, values in sections.items():
     cfg[section].update(values)

@@ -100,9 +100,11 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
   bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
              dynamic_ncols=True)
 
+  warned_mfu = False
+
   def drain():
     """Fetches the pending step's metrics (its successor is already queued), checks and logs them."""
-    nonlocal pending
+    nonlocal pending, warned_mfu
     if pending is None:
       return
     (step, device_metrics), pending = pending, None
@@ -115,6 +117,10 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
     if step % cfg.train.log_every == 0 or step == total:
       loss, grad_norm, seconds = meter.flush()
       mfu = perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else float("nan")
+      warning = metrics_lib.mfu_above_peak(mfu, perf["peak_flops_per_device"], perf["peak_source"])
+      if warning and not warned_mfu:
+        warned_mfu = True
+        log(f"warning: {warning}")
       extras = {name: values[name] for name in values if name not in _STEP_METRICS}
       bar.set_postfix_str(f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}, "
                           + "".join(f"{bar_label(name)} {value:.3g}, " for name, value in extras.items())

@@ -46,6 +46,15 @@ def peak_flops_per_device(configured: float, dtype: str = "float32") -> tuple[fl
   return measure_matmul_flops(dtype=dtype) / count, f"measured {dtype} matmul / {count} local device(s)"
 
 
+def mfu_above_peak(mfu: float, peak_per_device: float, peak_source: str) -> str | None:
+  """The warning for an MFU above 100%, which means the peak it divides by is too low; None otherwise."""
+  if not mfu > 1.0:
+    return None
+  return (f"MFU {mfu:.0%} is above 100%: the step ran faster than the peak it is measured against "
+          f"({peak_per_device / 1e12:,.3g} TFLOP/s per device, {peak_source}). Set train.peak_flops_per_device to this device's "
+          "peak FLOP/s, or to 0 to look it up (GPU/TPU) or measure a matmul (CPU).")
+
+
 def cost_flops(compiled) -> float | None:
   """XLA's FLOP count for one call of a compiled function (per device for a partitioned program)."""
   cost = compiled.cost_analysis()

@@ -42,4 +42,4 @@ def report_compiled(trainer, compiled, log) -> dict:
   if model_flops is None and xla_flops is not None:
     model_flops = xla_flops * devices
   return dict(model_flops=model_flops, xla_flops=xla_flops, memory=needed, peak_flops=peak * devices,
-              peak_source=peak_source)
+              peak_flops_per_device=peak, peak_source=peak_source)
