@@ -5,8 +5,10 @@
 
 Two worker processes (ours in .venv, the peer in .venv-peer) each build their model and train step and warm up;
 then the driver asks them in turn, A B A B ..., for `--steps` timed steps each (forward + backward + clipping +
-Adam update), so load drift hits both alike. Reported: tokens/s of each (median over rounds) and the per-round
-ratio ours / peer. Results: results/peer_compare.json (appended).
+Adam update), so load drift hits both alike. Each turn first runs `--settle_steps` untimed steps. The first step
+after the other worker ran is slower, a cost of the interleaving that continuous training never sees: on the
+2-core VM our step takes 1.3-1.9 s longer right after the peer's turn (cause unknown; see BENCHMARKS.md).
+Reported: tokens/s of each (median over rounds) and the per-round ratio ours / peer. Results: results/peer_compare.json (appended).
 """
 
 import argparse
@@ -59,6 +61,8 @@ def parse_args(argv=None):
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--steps", type=int, default=2, help="timed steps per worker per round")
+  parser.add_argument("--settle_steps", type=int, default=1,
+                      help="untimed steps at the start of each turn (0: time the first step after the other worker)")
   parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
   parser.add_argument("--pin", default="", help="run both workers under `taskset -c PIN` (e.g. 0: one core each)")
   parser.add_argument("--shape", default="default", choices=("default", "wide"),
@@ -71,6 +75,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict | None:
   args = parse_args(argv)
+  if args.settle_steps < 0 or args.steps < 1:
+    raise SystemExit(f"--steps={args.steps} must be >= 1 and --settle_steps={args.settle_steps} >= 0")
   os.environ["HOURGLASS_PEER_SHAPE"] = args.shape  # both workers inherit it
   if not PEER_PYTHON.exists():
     print(f"no peer venv at {PEER_PYTHON}: run `bash benchmarks/peer/setup_peer.sh` first; skipping.")
@@ -82,17 +88,19 @@ def main(argv=None) -> dict | None:
   ours = Worker([*pin, sys.executable, "benchmarks/peer/ours_worker.py", *shape], 600)
   peer = Worker([*pin, str(PEER_PYTHON), "benchmarks/peer/peer_worker.py", *shape, *threads], 600)
   try:
-    times, loads = {"ours": [], "peer": []}, []
+    times, loads, settle = {"ours": [], "peer": []}, [], {"ours": [], "peer": []}
     for _ in range(args.rounds):
-      times["ours"].append(median(ours.time_steps(args.steps)))
-      times["peer"].append(median(peer.time_steps(args.steps)))
+      for name, worker in (("ours", ours), ("peer", peer)):
+        seconds = worker.time_steps(args.settle_steps + args.steps)
+        settle[name].append(seconds[:args.settle_steps])
+        times[name].append(median(seconds[args.settle_steps:]))
       loads.append(loadavg()[0])
   finally:
     ours.close()
     peer.close()
   tokens = args.seq_len * args.batch
   ratios = [1 / r for r in paired_ratios(times["ours"], times["peer"])]  # tokens/s ours / peer
-  record = dict(args=vars(args), ours=ours.facts, peer=peer.facts, step_s=times, loads=loads,
+  record = dict(args=vars(args), ours=ours.facts, peer=peer.facts, step_s=times, settle_step_s=settle, loads=loads,
                 tokens_per_s={k: tokens / median(v) for k, v in times.items()},
                 speed_ratio_median=median(ratios), speed_ratios=ratios, wall_s=round(time.perf_counter() - start, 1))
   print(f"ours: {ours.facts['config']}, {ours.facts['params']:,} params, {record['tokens_per_s']['ours']:,.0f} tok/s")
@@ -105,6 +113,9 @@ def main(argv=None) -> dict | None:
   print(f"tokens/s ours / peer: median {record['speed_ratio_median']:.2f} over {len(ratios)} interleaved rounds "
         f"(each {', '.join(f'{r:.2f}' for r in ratios)}), load {loads}")
   path = append_result(args.name, record, pathlib.Path(args.results) if args.results else None)
+  if args.settle_steps:
+    print("untimed first step of each turn: " + "; ".join(
+        f"{name} {', '.join(f'{s[0]:.2f}' for s in steps)} s" for name, steps in settle.items()))
   print(f"appended to {path}")
   return record
 
