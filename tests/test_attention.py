@@ -7,6 +7,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask
+from hourglass_jax.ops.dropout import keep_mask
 from hourglass_jax.ops.attention import (dot_product_attention, fused_attention, reference_attention,
                                          resolve_implementation, sharded_splash_attention, splash_attention)
 
@@ -79,6 +80,17 @@ def test_probability_dropout_is_seeded_and_unbiased_in_expectation():
   sample = lambda key: dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=key)
   samples = jax.jit(jax.vmap(sample))(jax.random.split(jax.random.key(0), 2000))
   np.testing.assert_allclose(samples.mean(0), reference_attention(q, k, v, mask), atol=0.1)
+
+
+def test_reference_dropout_draws_the_counter_hash_mask_of_its_key():
+  """The einsum path's probability dropout is ops/dropout.keep_mask's mask for the key, at the rate given."""
+  q, k, v = _qkv(9, 9)
+  mask, key = causal_mask(9), jax.random.key(5)
+  keep = keep_mask(key, 0.3, (q.shape[0], q.shape[2], 9, 9))
+  drawn = reference_attention(q, k, v, mask, dropout_rate=0.3, dropout_rng=key)
+  np.testing.assert_allclose(drawn, reference_attention(q, k, v, mask, dropout_rate=0.3, dropout_mask=keep),
+                             rtol=1e-6, atol=1e-6)
+  assert not np.allclose(drawn, reference_attention(q, k, v, mask, dropout_rate=0.3, dropout_mask=~keep))
 
 
 def _scanned_attention_grad(attend, layers=4):

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from hourglass_jax.ops.block_attention import block_attention, block_attention_pays, materialize_bias
+from hourglass_jax.ops.dropout import keep_mask
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "block", "reference")
 
@@ -22,8 +23,8 @@ def reference_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=Non
                         dropout_rng=None, dropout_mask=None):
   """Plain einsum attention with float32 softmax; the ground truth, and the path that supports prob dropout.
 
-  `dropout_mask` (bool keep mask [B|1, N|1, T, S]) replaces the one drawn from `dropout_rng`, e.g. to reproduce
-  block_attention's block-wise draw (block_attention.dropout_keep_mask).
+  `dropout_mask` (bool keep mask [B|1, N|1, T, S]) replaces the one drawn from `dropout_rng` (ops/dropout.keep_mask,
+  a counter hash), e.g. to reproduce block_attention's block-wise draw (block_attention.dropout_keep_mask).
   """
   scale = q_BxTxNxH.shape[-1] ** -0.5
   logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxNxH,
@@ -34,8 +35,7 @@ def reference_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=Non
     logits_BxNxTxS = jnp.where(mask_TxS, logits_BxNxTxS, jnp.finfo(jnp.float32).min)
   probs_BxNxTxS = jax.nn.softmax(logits_BxNxTxS, axis=-1)
   if dropout_rate > 0.0 and (dropout_rng is not None or dropout_mask is not None):
-    keep = dropout_mask if dropout_mask is not None else jax.random.bernoulli(
-        dropout_rng, 1.0 - dropout_rate, probs_BxNxTxS.shape)
+    keep = dropout_mask if dropout_mask is not None else keep_mask(dropout_rng, dropout_rate, probs_BxNxTxS.shape)
     probs_BxNxTxS = jnp.where(keep, probs_BxNxTxS / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bnts,bsnh->btnh", probs_BxNxTxS.astype(v_BxSxNxH.dtype), v_BxSxNxH)
 
