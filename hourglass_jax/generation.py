@@ -13,7 +13,7 @@ import time
 import jax
 import numpy as np
 
-from hourglass_jax import compile_cache, sharding
+from hourglass_jax import compile_cache, sharding, xla_options
 from hourglass_jax.model import ModelConfig
 from hourglass_jax.model.decode import sampling
 
@@ -75,7 +75,8 @@ def generate_on_mesh(params, param_shardings, cfg: ModelConfig, prompts_NxP, mes
     rng = jax.random.key(seed)
     cache, begin = compile_cache.counts(), time.perf_counter()
     program = jax.jit(run, in_shardings=(param_shardings, batch_sharding, None),
-                      out_shardings=sharding.replicated(mesh)).lower(params, prompt_BxP, rng).compile()
+                      out_shardings=sharding.replicated(mesh)).lower(params, prompt_BxP, rng).compile(
+                          xla_options.compiler_options(cfg.dtype, mesh.devices.flat[0].platform))
     compiled, cache = time.perf_counter() - begin, compile_cache.counts() - cache
     begin = time.perf_counter()
     tokens = sharding.to_host(program(params, prompt_BxP, rng))[:num]

@@ -27,7 +27,8 @@ def weighted_eval_step(trainer: Trainer):
       return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum()), sown
 
     _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
-        trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding))
+        trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding),
+        compiler_options=trainer.compiler_options)
   return _STEPS[trainer]
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from hourglass_jax import sharding
+from hourglass_jax import sharding, xla_options
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.model import build_model
 from hourglass_jax.train import checks
@@ -35,11 +35,14 @@ class Trainer:
     self.abstract, self.shardings = state_layout(self.init_fn, mesh, self.rules)
     self.num_params = num_params(self.abstract)
     replicated = sharding.replicated(mesh)
+    self.compiler_options = xla_options.compiler_options(cfg.model.dtype, mesh.devices.flat[0].platform)
     step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps)
     self.train_step = jax.jit(step, in_shardings=(self.shardings, self.batch_sharding),
-                              out_shardings=(self.shardings, replicated), donate_argnums=0)
+                              out_shardings=(self.shardings, replicated), donate_argnums=0,
+                              compiler_options=self.compiler_options)
     self.eval_step = jax.jit(make_eval_step(self.model, self.rules), out_shardings=replicated,
-                             in_shardings=(self.shardings.params, self.batch_sharding, self.batch_sharding))
+                             in_shardings=(self.shardings.params, self.batch_sharding, self.batch_sharding),
+                             compiler_options=self.compiler_options)
 
   def init_state(self):
     return create_state(self.init_fn, self.shardings)

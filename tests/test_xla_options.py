@@ -1,0 +1,74 @@
+"""Per-program XLA options: bfloat16 programs on CPU send their dots to YNNPACK; nothing else changes."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax import sharding, xla_options
+from hourglass_jax.train.trainer import Trainer
+from tests.helpers import tiny_config
+
+DOT_OPTION = {xla_options.YNN_FUSION_TYPE: xla_options.LIBRARY_FUSION_TYPE_DOT}
+
+
+def test_only_bfloat16_on_cpu_gets_ynnpack_dots(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  assert xla_options.compiler_options("bfloat16", "cpu") == DOT_OPTION
+  assert xla_options.compiler_options(jnp.bfloat16, "cpu") == DOT_OPTION
+  assert xla_options.compiler_options("float32", "cpu") == {}
+  assert xla_options.compiler_options("bfloat16", "gpu") == {}
+  assert xla_options.compiler_options("bfloat16", "tpu") == {}
+
+
+def test_the_users_xla_flags_win(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", f"--{xla_options.YNN_FUSION_TYPE}=")
+  assert xla_options.compiler_options("bfloat16", "cpu") == {}
+
+
+def _dots_in_ynn_fusions(compiled_text: str) -> int:
+  """How many dot instructions sit in computations that a YNNPACK fusion calls."""
+  called = set(re.findall(r"%ynn_fusion[\w.]* = .*?calls=%([\w.\-]+)", compiled_text))
+  bodies = re.split(r"\n(?=%|ENTRY)", compiled_text)
+  return sum(body.count(" dot(") for body in bodies if body.split(" ", 1)[0].lstrip("%") in called)
+
+
+def _compiled_train_step(dtype: str) -> tuple[dict, str]:
+  cfg = tiny_config(steps=2, model=dict(dtype=dtype))
+  mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
+  with jax.set_mesh(mesh):
+    trainer = Trainer(cfg, mesh)
+    return trainer.compiler_options, trainer.compile_train_step().as_text()
+
+
+def test_the_bfloat16_train_step_sends_more_dots_to_ynnpack_and_float32_is_left_alone(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  options, tuned = _compiled_train_step("bfloat16")
+  assert options == DOT_OPTION
+  assert _compiled_train_step("float32")[0] == {}
+  monkeypatch.setattr(xla_options, "compiler_options", lambda dtype, platform: {})
+  _, default = _compiled_train_step("bfloat16")
+  # XLA's default already fuses some dots into YNNPACK; the option sends more of them.
+  assert _dots_in_ynn_fusions(tuned) > _dots_in_ynn_fusions(default) > 0
+
+
+def test_the_option_gives_the_same_numbers_within_bfloat16_rounding():
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(4, 64, 64)), jnp.bfloat16)
+  batched = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x, preferred_element_type=jnp.float32))
+  default = batched.lower(a).compile()(a)
+  ynn = batched.lower(a).compile(compiler_options=DOT_OPTION)(a)
+  np.testing.assert_allclose(ynn, default, rtol=2e-2, atol=2e-2)
+  assert ynn.dtype == jnp.float32
+
+
+def test_a_jaxlib_without_the_option_warns_and_compiles_with_the_default(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.setattr(xla_options, "YNN_FUSION_TYPE", "xla_cpu_no_such_option")
+  xla_options._cpu_takes_ynn_fusion.cache_clear()
+  try:
+    with pytest.warns(UserWarning, match="does not take xla_cpu_no_such_option"):
+      assert xla_options.compiler_options("bfloat16", "cpu") == {}
+  finally:
+    xla_options._cpu_takes_ynn_fusion.cache_clear()
