@@ -8,7 +8,8 @@ then the driver asks them in turn, A B A B ..., for `--steps` timed steps each (
 Adam update), so load drift hits both alike. Each turn first runs `--settle_steps` untimed steps. The first step
 after the other worker ran is slower, a cost of the interleaving that continuous training never sees: on the
 2-core VM our step takes 1.3-1.9 s longer right after the peer's turn (cause unknown; see BENCHMARKS.md).
-Reported: tokens/s of each (median over rounds) and the per-round ratio ours / peer. Results: results/peer_compare.json (appended).
+Reported: tokens/s of each (median over rounds) and the per-round ratio ours / peer.
+Results: results/peer_compare.json (appended).
 """
 
 import argparse

@@ -179,7 +179,8 @@ def test_an_mfu_above_100_percent_is_named_with_the_setting_to_fix(tmp_path):
   low_peak = tiny_config(steps=4, train=dict(peak_flops_per_device=1.0))
   train_and_evaluate(low_peak, tmp_path / "low", log=messages.append)
   warnings = [m for m in messages if "above 100%" in m]
-  assert len(warnings) == 1 and "train.peak_flops_per_device" in warnings[0] and "1e-12 TFLOP/s per device" in warnings[0]
+  assert len(warnings) == 1
+  assert "train.peak_flops_per_device" in warnings[0] and "1e-12 TFLOP/s per device" in warnings[0]
   messages.clear()
   # The tests' peak, 1 PFLOP/s: no tiny step gets near it.
   train_and_evaluate(tiny_config(steps=4), tmp_path / "default", log=messages.append)

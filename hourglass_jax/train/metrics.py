@@ -51,8 +51,8 @@ def mfu_above_peak(mfu: float, peak_per_device: float, peak_source: str) -> str 
   if not mfu > 1.0:
     return None
   return (f"MFU {mfu:.0%} is above 100%: the step ran faster than the peak it is measured against "
-          f"({peak_per_device / 1e12:,.3g} TFLOP/s per device, {peak_source}). Set train.peak_flops_per_device to this device's "
-          "peak FLOP/s, or to 0 to look it up (GPU/TPU) or measure a matmul (CPU).")
+          f"({peak_per_device / 1e12:,.3g} TFLOP/s per device, {peak_source}). Set train.peak_flops_per_device to "
+          "this device's peak FLOP/s, or to 0 to look it up (GPU/TPU) or measure a matmul (CPU).")
 
 
 def cost_flops(compiled) -> float | None:
