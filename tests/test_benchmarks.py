@@ -2,11 +2,12 @@
 
 import importlib.util
 import json
+import pathlib
 import sys
 
 import pytest
 
-from benchmarks import common, dynamic_decode, dynamic_step, learning, shortening_study, throughput
+from benchmarks import common, dynamic_decode, dynamic_step, learning, peer_compare, shortening_study, throughput
 from benchmarks.peer_compare import Worker
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
@@ -118,6 +119,33 @@ def test_peer_driver_speaks_the_worker_protocol():
   assert len(worker.time_steps(3)) == 3
   worker.close()
   assert worker.proc.returncode == 0
+
+
+def test_peer_driver_times_each_turn_after_its_settle_steps(tmp_path, monkeypatch):
+  requests = []
+
+  class FakeWorker:
+    """A worker whose first step of every turn takes 10 s and the rest 1 s (ours) or 2 s (the peer)."""
+    def __init__(self, command, timeout_s):
+      self.name = "ours" if "ours_worker.py" in " ".join(command) else "peer"
+      self.facts = dict(config="fake", params=1, model_flops=1.0, xla_flops=1.0, torch="fake", threads=1)
+
+    def time_steps(self, steps):
+      requests.append((self.name, steps))
+      return [10.0] + [1.0 if self.name == "ours" else 2.0] * (steps - 1)
+
+    def close(self):
+      pass
+
+  monkeypatch.setenv("HOURGLASS_PEER_SHAPE", "default")  # main() sets it for its workers; restored after
+  monkeypatch.setattr(peer_compare, "Worker", FakeWorker)
+  monkeypatch.setattr(peer_compare, "PEER_PYTHON", pathlib.Path(sys.executable))
+  record = peer_compare.main(["--rounds", "2", "--steps", "2", "--settle_steps", "1", "--results", str(tmp_path)])
+  assert requests == [("ours", 3), ("peer", 3)] * 2
+  assert record["step_s"] == {"ours": [1.0, 1.0], "peer": [2.0, 2.0]}  # the 10 s settle steps are not timed
+  assert record["settle_step_s"]["ours"] == [[10.0], [10.0]] and record["speed_ratio_median"] == 2.0
+  with pytest.raises(SystemExit, match="--settle_steps=-1"):
+    peer_compare.main(["--settle_steps", "-1", "--results", str(tmp_path)])
 
 
 def test_helpers():
