@@ -304,30 +304,36 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
     sum_axes = () if source is None else tuple(a + 1 for a in (0, 1) if source.shape[a + (table is None)] == 1)
 
     def step(carry, x):
-      dq, dk, dv, dsource = carry
+      dq, dk_t, dv_t, dsource = carry
       qi, kj, _, pid, seed = x
       s = logits(x, q5, k5, source)
       p = jnp.exp(s - lse[qi][..., None])
       z = keep_scale(seed)
       do_blk = do5[qi]
-      dv_blk = jnp.einsum("gbnqk,gbnqh->gbnkh", (p if z is None else p * z).astype(v.dtype), do_blk,
-                          preferred_element_type=jnp.float32)
+      dv_t_blk = jnp.einsum("gbnhq,gbnqk->gbnhk", do5_t[qi], (p if z is None else p * z).astype(v.dtype),
+                            preferred_element_type=jnp.float32)
       dp = jnp.einsum("gbnqh,gbnkh->gbnqk", do_blk, v5[kj], preferred_element_type=jnp.float32)
       ds = p * ((dp if z is None else dp * z) - delta[qi][..., None])
       dsc = (ds * scale).astype(q.dtype)
       dq = dq.at[qi].add(jnp.einsum("gbnqk,gbnkh->gbnqh", dsc, k5[kj], preferred_element_type=jnp.float32))
-      dk = dk.at[kj].add(jnp.einsum("gbnqk,gbnqh->gbnkh", dsc, q5[qi], preferred_element_type=jnp.float32))
+      dk_t = dk_t.at[kj].add(jnp.einsum("gbnhq,gbnqk->gbnhk", q5_t[qi], dsc, preferred_element_type=jnp.float32))
       if dsource is not None:
         ds_src = ds.sum(sum_axes, keepdims=True) if sum_axes else ds
         if table is None:
           dsource = dsource.at[pid].add(ds_src)
         else:
           dsource = dsource.at[..., flat_index(pid)].add(jnp.moveaxis(ds_src, 0, 2))
-      return (dq, dk, dv.at[kj].add(dv_blk), dsource), None
+      return (dq, dk_t, dv_t.at[kj].add(dv_t_blk), dsource), None
 
-    init = (jnp.zeros(q5.shape, jnp.float32), jnp.zeros(k5.shape, jnp.float32), jnp.zeros(v5.shape, jnp.float32),
+    # dK and dV are accumulated transposed, [.., H, bk] = Q^T dS and dO^T P: a contraction over the queries as
+    # "gbnqk,gbnqh->gbnkh" has a transposed left operand, which XLA:CPU leaves to a batched Eigen dot at a third of
+    # YNNPACK's rate (BENCHMARKS.md). Q and dO are transposed once here, dK and dV once after the scan.
+    q5_t, do5_t = jnp.swapaxes(q5, -1, -2), jnp.swapaxes(do5, -1, -2)
+    kv_t_shape = (*k5.shape[:3], k5.shape[4], k5.shape[3])
+    init = (jnp.zeros(q5.shape, jnp.float32), jnp.zeros(kv_t_shape, jnp.float32), jnp.zeros(kv_t_shape, jnp.float32),
             None if source is None else jnp.zeros(source.shape, jnp.float32))
-    (dq, dk, dv, dsource), _ = jax.lax.scan(step, init, xs)
+    (dq, dk_t, dv_t, dsource), _ = jax.lax.scan(step, init, xs)
+    dk, dv = jnp.swapaxes(dk_t, -1, -2), jnp.swapaxes(dv_t, -1, -2)
     return (_unblocks(dq, plan.t).astype(q.dtype), _unblocks(dk, plan.s).astype(k.dtype),
             _unblocks(dv, plan.s).astype(v.dtype), None if source is None else dsource.astype(source.dtype), None)
 
