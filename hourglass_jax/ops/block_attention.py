@@ -329,8 +329,8 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
     # "gbnqk,gbnqh->gbnkh" has a transposed left operand, which XLA:CPU leaves to a batched Eigen dot at a third of
     # YNNPACK's rate (BENCHMARKS.md). Q and dO are transposed once here, dK and dV once after the scan.
     q5_t, do5_t = jnp.swapaxes(q5, -1, -2), jnp.swapaxes(do5, -1, -2)
-    kv_t_shape = (*k5.shape[:3], k5.shape[4], k5.shape[3])
-    init = (jnp.zeros(q5.shape, jnp.float32), jnp.zeros(kv_t_shape, jnp.float32), jnp.zeros(kv_t_shape, jnp.float32),
+    zeros_t = lambda x5: jnp.zeros((*x5.shape[:3], x5.shape[4], x5.shape[3]), jnp.float32)
+    init = (jnp.zeros(q5.shape, jnp.float32), zeros_t(k5), zeros_t(v5),
             None if source is None else jnp.zeros(source.shape, jnp.float32))
     (dq, dk_t, dv_t, dsource), _ = jax.lax.scan(step, init, xs)
     dk, dv = jnp.swapaxes(dk_t, -1, -2), jnp.swapaxes(dv_t, -1, -2)
