@@ -16,14 +16,17 @@ from hourglass_jax.model.positions import apply_rope, relative_distance_index, s
 from hourglass_jax.ops.attention import dot_product_attention
 from hourglass_jax.ops.block_attention import relative_bias
 from hourglass_jax.ops.dropout import Dropout
+from hourglass_jax.ops.weight_gradient import dense_dot_general
 
 _kernel_init = nn.initializers.xavier_uniform()
 
 
 def dense(cfg: LayerConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
-  """DenseGeneral in the compute dtype with float32 params annotated with logical axes."""
+  """DenseGeneral in the compute dtype with float32 params annotated with logical axes; its matmul is
+  `dense_dot_general` (on CPU the kernel gradient runs as a YNNPACK matmul)."""
   return nn.DenseGeneral(
       features=features, axis=in_axes, use_bias=use_bias, dtype=cfg.compute_dtype, name=name,
+      dot_general=dense_dot_general,
       kernel_init=_flat_partitioned(_kernel_init, axes),
       bias_init=_flat_partitioned(nn.initializers.zeros_init(), axes[-_num_out_axes(features):]))
 
