@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from benchmarks import common, dynamic_decode, dynamic_step, learning, peer_compare, shortening_study, throughput
+from benchmarks import (common, dense_kernel_gradient, dynamic_decode, dynamic_step, learning, peer_compare,
+                        shortening_study, throughput)
 from benchmarks.peer_compare import Worker
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
@@ -26,6 +27,14 @@ def test_throughput_records_costs_timings_and_plot(tmp_path):
   assert runs[-1]["machine"]["loadavg"] and runs[-1]["machine"]["cores"]
   if importlib.util.find_spec("matplotlib"):  # the `bench` extra
     assert (tmp_path / "throughput_cost_curves.png").stat().st_size > 0
+
+
+def test_dense_kernel_gradient_benchmark_times_both_forms_and_counts_transposed_dots(tmp_path):
+  record = dense_kernel_gradient.main(["--quick", "--results", str(tmp_path)])
+  rows = record["rows"]
+  assert rows["lax_transpose_rule"]["transposed_lhs_dots"] > 0 and rows["library"]["transposed_lhs_dots"] == 0
+  assert rows["library"]["step_s"] > 0 and rows["speedup"]["median"] > 0
+  assert json.loads((tmp_path / "dense_kernel_gradient_quick.json").read_text())[-1]["load_during"]
 
 
 @pytest.mark.slow
