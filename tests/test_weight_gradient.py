@@ -14,7 +14,7 @@ from hourglass_jax.ops.weight_gradient import dense_dot_general
 
 # (input shape, kernel shape, contracted input axes): DenseGeneral's forms in the library (MLP, q/k/v, attention out).
 FORMS = {"matrix": ((2, 5, 6), (6, 7), 1), "to_heads": ((2, 5, 6), (6, 3, 4), 1),
-         "from_heads": ((2, 5, 3, 4), (3, 4, 6), 2)}
+         "from_heads": ((2, 5, 3, 4), (3, 4, 6), 2), "no_tokens": ((2, 0, 6), (6, 7), 1)}
 
 
 def _operands(x_shape, w_shape, dtype=jnp.float32):

@@ -2,14 +2,14 @@
 
 The kernel gradient of y = x W contracts the token axis of both x [T, D] and dy [T, F]. XLA:CPU may then copy dy to
 [F, T] and run dot(x, dy^T) with the left operand contracted on its first axis: an Eigen dot at 79 GFLOP/s on the
-2-core AMD VM against 190 for the same product in YNNPACK (benchmarks/BENCHMARKS.md, "Dense kernel gradients").
+2-core AMD VM against 190 for the same product in YNNPACK (BENCHMARKS.md, "Dense kernel gradients").
 On CPU, `dense_dot_general` computes that gradient from x^T materialised once (optimization_barrier keeps XLA from
 folding the transpose back into the dot), so the product contracts its left operand's last axis. GPU and TPU
 libraries take transposed operands at full speed, so there it is plain `lax.dot_general`.
 
 It is a `jax.custom_vjp`, so on CPU these layers support reverse-mode differentiation only (jax.grad, jax.vjp),
 not jax.jvp. Written as a `custom_jvp` instead, the transpose moves into the forward pass and the whole-step gain
-is lost (1.01x against 1.08x, measured side by side).
+is lost (1.01x against 1.06-1.08x for the peer-shape step, measured side by side).
 """
 
 import functools
@@ -52,8 +52,9 @@ def _dense_matmul_bwd(n_in, precision, preferred_element_type, residuals, d_out)
   _, lhs_vjp = jax.vjp(lambda x: _forward(x, rhs, n_in, precision, preferred_element_type), lhs)
   (d_lhs,) = lhs_vjp(d_out)
   tokens = math.prod(lhs.shape[:lhs.ndim - n_in])
-  lhs_t = lax.optimization_barrier(lhs.reshape(tokens, -1).T)  # [in, T], transposed here in the backward pass
-  d_rhs = jnp.matmul(lhs_t, d_out.reshape(tokens, -1).astype(lhs.dtype), precision=precision,
+  in_size, out_size = math.prod(rhs.shape[:n_in]), math.prod(rhs.shape[n_in:])
+  lhs_t = lax.optimization_barrier(lhs.reshape(tokens, in_size).T)  # [in, T], transposed here in the backward pass
+  d_rhs = jnp.matmul(lhs_t, d_out.reshape(tokens, out_size).astype(lhs.dtype), precision=precision,
                      preferred_element_type=preferred_element_type)
   return d_lhs, d_rhs.reshape(rhs.shape).astype(rhs.dtype)
 
