@@ -1,4 +1,5 @@
-"""Per-program XLA options: bfloat16 programs on CPU send their dots to YNNPACK; nothing else changes."""
+"""Per-program XLA options: bfloat16 eval and sampling programs on CPU send their dots to YNNPACK; the train step
+and float32 programs keep XLA's defaults."""
 
 import re
 
@@ -28,13 +29,6 @@ def test_the_users_xla_flags_win(monkeypatch):
   assert xla_options.compiler_options("bfloat16", "cpu") == {}
 
 
-def _dots_in_ynn_fusions(compiled_text: str) -> int:
-  """How many dot instructions sit in computations that a YNNPACK fusion calls."""
-  called = set(re.findall(r"%ynn_fusion[\w.]* = .*?calls=%([\w.\-]+)", compiled_text))
-  bodies = re.split(r"\n(?=%|ENTRY)", compiled_text)
-  return sum(body.count(" dot(") for body in bodies if body.split(" ", 1)[0].lstrip("%") in called)
-
-
 def _compiled_train_step(dtype: str) -> tuple[dict, str]:
   cfg = tiny_config(steps=2, model=dict(dtype=dtype))
   mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
@@ -43,15 +37,14 @@ def _compiled_train_step(dtype: str) -> tuple[dict, str]:
     return trainer.compiler_options, trainer.compile_train_step().as_text()
 
 
-def test_the_bfloat16_train_step_sends_more_dots_to_ynnpack_and_float32_is_left_alone(monkeypatch):
+def test_the_bfloat16_train_step_keeps_xla_defaults_and_its_matmuls_in_bfloat16(monkeypatch):
+  """Since dense kernel gradients are taken as (x^T) dy, XLA's default runs the train step's bfloat16 dots natively
+  in YNNPACK; the option would up-cast every one of them to float32 (and made the enwik8 step 1.27x slower)."""
   monkeypatch.delenv("XLA_FLAGS", raising=False)
-  options, tuned = _compiled_train_step("bfloat16")
-  assert options == DOT_OPTION
+  options, train_step = _compiled_train_step("bfloat16")
+  assert options == DOT_OPTION  # still the eval step's and the sampler's
   assert _compiled_train_step("float32")[0] == {}
-  monkeypatch.setattr(xla_options, "compiler_options", lambda dtype, platform: {})
-  _, default = _compiled_train_step("bfloat16")
-  # XLA's default already fuses some dots into YNNPACK; the option sends more of them.
-  assert _dots_in_ynn_fusions(tuned) > _dots_in_ynn_fusions(default) > 0
+  assert len(re.findall(r"= bf16\[[\d,]*\]\{[\d,]*\} dot\(", train_step)) > 0
 
 
 def test_the_option_gives_the_same_numbers_within_bfloat16_rounding():
