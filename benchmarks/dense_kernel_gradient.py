@@ -1,12 +1,13 @@
 """The whole train step with dense kernel gradients taken as (x^T) dy (the library) against lax.dot_general's own
 transpose rule (before 91fc693), timed interleaved in one process on CPU.
 
-    .venv/bin/python benchmarks/dense_kernel_gradient.py [--quick] [--preset hourglass] [--seq_len 1024]
-        [--batch 4] [--dtype float32] [--model d_model=512,...] [--rounds 5]
+    .venv/bin/python benchmarks/dense_kernel_gradient.py [--quick] [--preset hourglass] [--shape wide]
+        [--seq_len 1024] [--batch 4] [--dtype float32] [--model key=value,...] [--rounds 5]
 
-Default model: the peer comparison's 'wide' Hourglass (d 512, 8 heads, ff 2048, 4/2/4 at factor 4, avg/repeat,
-no dropout). Per variant: median step seconds, and the count of 2-D matmuls in the compiled step that contract
-their left operand's first axis (the form XLA:CPU runs as Eigen dots). Results: results/dense_kernel_gradient.json.
+--shape wide (the default): the peer comparison's 'wide' Hourglass (models.PEER_WIDE, no dropout) on top of the
+preset; --shape preset: the preset as it is. --model overrides either. Per variant: median step seconds, and the
+count of 2-D matmuls in the compiled step that contract their left operand's first axis (the form XLA:CPU runs as
+Eigen dots). Results: results/dense_kernel_gradient.json.
 """
 
 import argparse
@@ -19,11 +20,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import finish_record, interleave, loadavg, median, paired_ratios, parse_overrides  # noqa: E402
 from benchmarks.common import parse_with_quick  # noqa: E402
-from benchmarks.models import bench_config  # noqa: E402
+from benchmarks.models import PEER_WIDE, bench_config  # noqa: E402
 from benchmarks.steps import StepRunner  # noqa: E402
 from hourglass_jax.model import layers  # noqa: E402
 
-WIDE = "d_model=512,num_heads=8,d_ff=2048,hierarchy=4@1 2@4 4@1,shorten=avg,upsample=repeat,dropout=0.0"
 QUICK = dict(seq_len=48, batch=2, model="d_model=32,num_heads=4,d_ff=64,hierarchy=1@1 1@4 1@1,dropout=0.0", rounds=1)
 TRANSPOSED_LHS = "lhs_contracting_dims={0}, rhs"  # a 2-D dot contracting its left operand's first axis
 
@@ -35,7 +35,8 @@ def parse_args(argv=None):
   parser.add_argument("--seq_len", type=int, default=1024)
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--dtype", default="float32")
-  parser.add_argument("--model", default=WIDE, help="model overrides, key=value,...")
+  parser.add_argument("--shape", default="wide", choices=("wide", "preset"))
+  parser.add_argument("--model", default="", help="model overrides, key=value,...")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="dense_kernel_gradient")
@@ -46,8 +47,9 @@ def build(args, dot_general) -> StepRunner:
   """The step compiled with `dot_general` as every dense layer's matmul (layers.dense reads it at trace time)."""
   library = layers.dense_dot_general
   layers.dense_dot_general = dot_general
+  model = {**(dict(PEER_WIDE, dropout=0.0) if args.shape == "wide" else {}), **parse_overrides(args.model)}
   try:
-    return StepRunner(bench_config(args.preset, args.seq_len, args.batch, args.dtype, **parse_overrides(args.model)))
+    return StepRunner(bench_config(args.preset, args.seq_len, args.batch, args.dtype, **model))
   finally:
     layers.dense_dot_general = library
 

@@ -8,6 +8,10 @@ part alone. Data is synthetic (random bytes): the step's cost does not depend on
 
 from benchmarks.common import load_config
 
+# The peer comparison's 'wide' Hourglass (issue 14's shape), as overrides of `hourglass`: d 512, 8 heads, ff 2048,
+# 4/2/4 blocks at factor 4, avg / repeat.
+PEER_WIDE = dict(d_model=512, num_heads=8, d_ff=2048, hierarchy="4@1 2@4 4@1", shorten="avg", upsample="repeat")
+
 PRESETS = {
     "vanilla": ("default", dict(kind="vanilla", hierarchy="8@1")),
     "hourglass": ("default", dict()),

@@ -12,20 +12,18 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peer"))
 
-from benchmarks.models import bench_config  # noqa: E402
+from benchmarks.models import PEER_WIDE, bench_config  # noqa: E402
 from benchmarks.steps import StepRunner  # noqa: E402
 from worker_protocol import serve  # noqa: E402
 
 # The peer has no dropout and no weight decay; everything else is configs/default.py's Hourglass.
 PEER_MATCHED = dict(dropout=0.0)
-# The 'wide' shape (HOURGLASS_PEER_SHAPE=wide): d 512, 8 heads, ff 2048, 4/2/4 blocks at factor 4, avg / repeat.
-WIDE = dict(d_model=512, num_heads=8, d_ff=2048, hierarchy="4@1 2@4 4@1", shorten="avg", upsample="repeat")
 
 
 def main():
   seq_len, batch = int(sys.argv[1]), int(sys.argv[2])
   dtype = sys.argv[3] if len(sys.argv) > 3 else "float32"
-  shape = WIDE if os.environ.get("HOURGLASS_PEER_SHAPE") == "wide" else {}
+  shape = PEER_WIDE if os.environ.get("HOURGLASS_PEER_SHAPE") == "wide" else {}
   runner = StepRunner(bench_config("hourglass", seq_len, batch, dtype, **PEER_MATCHED, **shape))
   cfg = runner.cfg.model
   serve(runner, dict(impl="hourglass_jax", params=runner.facts["params"], model_flops=runner.facts["model_flops"],
