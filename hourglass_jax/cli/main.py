@@ -23,6 +23,11 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", None, "Persistent XLA compilation cache folder (local or gs://), or 'off'. Default: "
     "$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/jax_cache for a gs:// workdir, else "
     "$XDG_CACHE_HOME/hourglass_jax/xla (~/.cache/hourglass_jax/xla).")
+_HOST_MALLOC = flags.DEFINE_enum(
+    "host_malloc", "auto", ["auto", "keep", "system"],
+    "glibc malloc on the CPU backend: keep = keep freed memory, so XLA:CPU's per-step temp buffer is not mapped and "
+    "faulted in afresh on every step (faster, but the process keeps its peak memory); auto = keep when JAX will "
+    "run on the CPU; system = malloc's defaults (hourglass_jax/host_memory.py).")
 
 
 def _parse_flags(argv):
@@ -39,7 +44,9 @@ def _setup(level=absl_logging.WARNING):
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU hosts
   if not flags.FLAGS["verbosity"].present:
     absl_logging.set_verbosity(level)  # Orbax logs every file it writes at INFO
-  from hourglass_jax import distributed
+  from hourglass_jax import distributed, host_memory
+
+  host_memory.configure(_HOST_MALLOC.value)  # before any backend starts: threads bind malloc arenas at start
 
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   from hourglass_jax import compile_cache
