@@ -31,8 +31,9 @@ QUICK = dict(seq_len=96, batch=2, rounds=2, steps=1)  # 96 = 3 x 32
 class Worker:
   """A worker subprocess speaking benchmarks/peer/worker_protocol.py."""
 
-  def __init__(self, command: list[str], timeout_s: float):
-    self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+  def __init__(self, command: list[str], timeout_s: float, env: dict | None = None):
+    self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                 env=env)
     self.facts = self._read()
     self.timeout_s = timeout_s
 
@@ -69,6 +70,10 @@ def parse_args(argv=None):
   parser.add_argument("--shape", default="default", choices=("default", "wide"),
                       help="default: configs/default.py's Hourglass; "
                            "wide: d 512, ff 2048, 4/2/4 at factor 4, avg/repeat")
+  parser.add_argument("--host_malloc", default="auto", choices=("auto", "system"),
+                      help="ours: hourglass-train's --host_malloc (auto keeps freed memory on the CPU backend)")
+  parser.add_argument("--peer_malloc", default="system", choices=("system", "keep"),
+                      help="peer: keep = the same glibc settings, as GLIBC_TUNABLES (hourglass_jax.host_memory)")
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="peer_compare")
   return parse_with_quick(parser, argv, QUICK)
@@ -79,6 +84,7 @@ def main(argv=None) -> dict | None:
   if args.settle_steps < 0 or args.steps < 1:
     raise SystemExit(f"--steps={args.steps} must be >= 1 and --settle_steps={args.settle_steps} >= 0")
   os.environ["HOURGLASS_PEER_SHAPE"] = args.shape  # both workers inherit it
+  os.environ["HOURGLASS_HOST_MALLOC"] = args.host_malloc
   if not PEER_PYTHON.exists():
     print(f"no peer venv at {PEER_PYTHON}: run `bash benchmarks/peer/setup_peer.sh` first; skipping.")
     return None
@@ -87,7 +93,12 @@ def main(argv=None) -> dict | None:
   threads = [str(args.threads)] if args.threads else []
   pin = ["taskset", "-c", args.pin] if args.pin else []
   ours = Worker([*pin, sys.executable, "benchmarks/peer/ours_worker.py", *shape], 600)
-  peer = Worker([*pin, str(PEER_PYTHON), "benchmarks/peer/peer_worker.py", *shape, *threads], 600)
+  peer_env = None
+  if args.peer_malloc == "keep":
+    from hourglass_jax.host_memory import GLIBC_TUNABLES
+
+    peer_env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
+  peer = Worker([*pin, str(PEER_PYTHON), "benchmarks/peer/peer_worker.py", *shape, *threads], 600, peer_env)
   try:
     times, loads, settle = {"ours": [], "peer": []}, [], {"ours": [], "peer": []}
     for _ in range(args.rounds):
@@ -104,9 +115,10 @@ def main(argv=None) -> dict | None:
   record = dict(args=vars(args), ours=ours.facts, peer=peer.facts, step_s=times, settle_step_s=settle, loads=loads,
                 tokens_per_s={k: tokens / median(v) for k, v in times.items()},
                 speed_ratio_median=median(ratios), speed_ratios=ratios, wall_s=round(time.perf_counter() - start, 1))
-  print(f"ours: {ours.facts['config']}, {ours.facts['params']:,} params, {record['tokens_per_s']['ours']:,.0f} tok/s")
+  print(f"ours: {ours.facts['config']}, {ours.facts['params']:,} params, {record['tokens_per_s']['ours']:,.0f} tok/s "
+        f"(host malloc {'kept' if ours.facts.get('host_malloc_kept') else 'system'})")
   print(f"peer: {peer.facts['config']}, {peer.facts['params']:,} params, {record['tokens_per_s']['peer']:,.0f} tok/s "
-        f"(torch {peer.facts['torch']}, {peer.facts['threads']} threads)")
+        f"(torch {peer.facts['torch']}, {peer.facts['threads']} threads, host malloc {args.peer_malloc})")
   flops = peer.facts.get("torch_flops")
   if flops:
     print(f"FLOPs per step: ours {ours.facts['model_flops'] / 1e9:.2f} G analytic, {ours.facts['xla_flops'] / 1e9:.2f} "

@@ -12,6 +12,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peer"))
 
+from hourglass_jax import host_memory  # noqa: E402
+
+# As hourglass-train's --host_malloc does, before the backend starts (peer_compare.py --host_malloc).
+HOST_MALLOC_KEPT = host_memory.configure(os.environ.get("HOURGLASS_HOST_MALLOC", "auto"))
+
 from benchmarks.models import PEER_WIDE, bench_config  # noqa: E402
 from benchmarks.steps import StepRunner  # noqa: E402
 from worker_protocol import serve  # noqa: E402
@@ -28,6 +33,7 @@ def main():
   cfg = runner.cfg.model
   serve(runner, dict(impl="hourglass_jax", params=runner.facts["params"], model_flops=runner.facts["model_flops"],
                      xla_flops=runner.facts["xla_flops"], compile_s=runner.facts["compile_s"],
+                     host_malloc_kept=HOST_MALLOC_KEPT,
                      config=f"{cfg.hierarchy} d{cfg.d_model} h{cfg.num_heads} ff{cfg.d_ff} {cfg.shorten}/"
                             f"{cfg.upsample} {cfg.position} dropout {cfg.dropout} {cfg.dtype}"))
 
