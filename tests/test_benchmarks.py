@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 from benchmarks import (common, dense_kernel_gradient, dynamic_decode, dynamic_step, learning, peer_compare,
                         shortening_study, throughput)
 from benchmarks.peer_compare import Worker
+from hourglass_jax import host_memory
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
 TINY = "d_model=32,num_heads=4,d_ff=64,dropout=0.0"
@@ -131,12 +133,13 @@ def test_peer_driver_speaks_the_worker_protocol():
 
 
 def test_peer_driver_times_each_turn_after_its_settle_steps(tmp_path, monkeypatch):
-  requests = []
+  requests, envs = [], {}
 
   class FakeWorker:
     """A worker whose first step of every turn takes 10 s and the rest 1 s (ours) or 2 s (the peer)."""
-    def __init__(self, command, timeout_s):
+    def __init__(self, command, timeout_s, env=None):
       self.name = "ours" if "ours_worker.py" in " ".join(command) else "peer"
+      envs[self.name] = env
       self.facts = dict(config="fake", params=1, model_flops=1.0, xla_flops=1.0, torch="fake", threads=1)
 
     def time_steps(self, steps):
@@ -146,13 +149,18 @@ def test_peer_driver_times_each_turn_after_its_settle_steps(tmp_path, monkeypatc
     def close(self):
       pass
 
-  monkeypatch.setenv("HOURGLASS_PEER_SHAPE", "default")  # main() sets it for its workers; restored after
+  monkeypatch.setenv("HOURGLASS_PEER_SHAPE", "default")  # main() sets these for its workers; restored after
+  monkeypatch.setenv("HOURGLASS_HOST_MALLOC", "auto")
   monkeypatch.setattr(peer_compare, "Worker", FakeWorker)
   monkeypatch.setattr(peer_compare, "PEER_PYTHON", pathlib.Path(sys.executable))
   record = peer_compare.main(["--rounds", "2", "--steps", "2", "--settle_steps", "1", "--results", str(tmp_path)])
   assert requests == [("ours", 3), ("peer", 3)] * 2
   assert record["step_s"] == {"ours": [1.0, 1.0], "peer": [2.0, 2.0]}  # the 10 s settle steps are not timed
   assert record["settle_step_s"]["ours"] == [[10.0], [10.0]] and record["speed_ratio_median"] == 2.0
+  assert envs == {"ours": None, "peer": None}  # both inherit the driver's environment
+  peer_compare.main(["--rounds", "1", "--peer_malloc", "keep", "--host_malloc", "system", "--results", str(tmp_path)])
+  assert envs["peer"]["GLIBC_TUNABLES"] == host_memory.GLIBC_TUNABLES and envs["ours"] is None
+  assert os.environ["HOURGLASS_HOST_MALLOC"] == "system"  # read by ours_worker.py
   with pytest.raises(SystemExit, match="--settle_steps=-1"):
     peer_compare.main(["--settle_steps", "-1", "--results", str(tmp_path)])
 

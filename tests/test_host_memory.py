@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hourglass_jax import host_memory
-from tests.helpers import run
+from tests.helpers import run, train_command
 
 # A program whose 64 MiB temp buffer is above glibc's largest mmap threshold (32 MiB); minor faults per execution.
 FAULTS_PER_RUN = """
@@ -124,3 +124,18 @@ def test_configure_modes(monkeypatch, mode, cpu, expected):
 def test_configure_rejects_an_unknown_mode():
   with pytest.raises(ValueError, match="'auto', 'keep' or 'system'"):
     host_memory.configure("always")
+
+
+@pytest.mark.parametrize("mode, kept", [("auto", True), ("system", False)])
+def test_the_clis_set_host_malloc_before_the_backend_starts(tmp_path, mode, kept):
+  # hourglass-convert reaches the CLIs' shared set-up, then stops on the empty workdir; INFO shows the log line.
+  done = run([sys.executable, "-c", "from hourglass_jax.cli.main import convert_entry; convert_entry()",
+              f"--workdir={tmp_path}", "--verbosity=0", f"--host_malloc={mode}"], devices=1)
+  assert "checkpoints does not exist" in done.stderr, done.stderr[-2000:]
+  assert ("glibc malloc keeps freed memory" in done.stderr) is kept, done.stderr[-2000:]
+  assert "already started" not in done.stderr
+
+
+def test_the_cli_flag_names_its_choices(tmp_path):
+  done = run(train_command(tmp_path / "workdir", "--host_malloc=always"), devices=1)
+  assert done.returncode != 0 and "--host_malloc=always" in done.stderr and "<auto|keep|system>" in done.stderr
