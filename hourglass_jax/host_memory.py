@@ -60,14 +60,14 @@ def backend_will_be_cpu(platforms: str | None = None) -> bool:
 def keep_freed_memory() -> bool:
   """Sets glibc malloc to keep freed memory (one arena, no mmap, no trimming); True when it did. False, with a log
   line, where the C library is not glibc (macOS, musl): nothing is changed there."""
-  if _backend_started():
-    logging.warning("host_malloc: the JAX backend has already started; its threads keep their own malloc arenas, "
-                    "so XLA's large buffers are still mapped afresh. Call keep_freed_memory() before any JAX "
-                    "computation or jax.devices().")
   libc = _glibc()
   if libc is None:
     logging.info("host_malloc: the C library is not glibc; malloc left at its defaults.")
     return False
+  if _backend_started():
+    logging.warning("host_malloc: the JAX backend has already started; its threads keep their own malloc arenas, "
+                    "so XLA's large buffers are still mapped afresh. Call keep_freed_memory() before any JAX "
+                    "computation or jax.devices().")
   # -1 is "never trim": glibc stores the threshold unsigned.
   done = [libc.mallopt(param, value) for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))]
   if not all(done):
