@@ -28,7 +28,7 @@ def program(x):
 x = jnp.ones(1 << 23)
 program(x).block_until_ready()
 faults = []
-for _ in range(12):
+for _ in range(16):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   program(x).block_until_ready()
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -42,15 +42,17 @@ def _faults(mode: str) -> dict:
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and Linux fault counters")
 def test_keeping_freed_memory_stops_the_per_execution_page_faults():
   kept, system = _faults("keep"), _faults("system")
   assert kept["changed"] and not system["changed"]
   # The default maps the 64 MiB buffer afresh each time (16k+ faults of 4 KiB pages). Kept, the heap grows over the
-  # first few runs (16k faults each) and then serves every buffer from memory it already has.
+  # first runs (16k faults each; under load a growth can come later) and then serves buffers from memory it has.
   per_run = statistics.median(system["faults"])
   assert per_run > 16_000, system
-  assert sum(kept["faults"][-6:]) < per_run / 4, (kept, system)
+  assert statistics.median(kept["faults"][-8:]) < per_run / 10, (kept, system)
+  assert sum(kept["faults"]) < sum(system["faults"]) / 3, (kept, system)
 
 
 class FakeLibc:
