@@ -20,8 +20,11 @@ import logging
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 M_ARENA_MAX = -8
+# (tunable name, mallopt parameter, value): one arena, no mmap, never trim (-1: glibc stores the threshold unsigned).
+SETTINGS = (("arena_max", M_ARENA_MAX, 1), ("mmap_max", M_MMAP_MAX, 0), ("trim_threshold", M_TRIM_THRESHOLD, -1))
 # The same settings for a process started from a shell (glibc reads them at start-up), e.g. another framework's.
-GLIBC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=18446744073709551615"
+GLIBC_TUNABLES = ":".join(f"glibc.malloc.{name}={value % 2**64}" for name, _, value in SETTINGS)
+MODES = ("auto", "keep", "system")  # the CLIs' --host_malloc
 # Packages whose presence means JAX may pick an accelerator over the CPU.
 ACCELERATOR_PACKAGES = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
 
@@ -68,8 +71,7 @@ def keep_freed_memory() -> bool:
     logging.warning("host_malloc: the JAX backend has already started; its threads keep their own malloc arenas, "
                     "so XLA's large buffers are still mapped afresh. Call keep_freed_memory() before any JAX "
                     "computation or jax.devices().")
-  # -1 is "never trim": glibc stores the threshold unsigned.
-  done = [libc.mallopt(param, value) for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))]
+  done = [libc.mallopt(param, value) for _, param, value in SETTINGS]
   if not all(done):
     raise RuntimeError(f"mallopt refused a setting (results {done}); run with --host_malloc=system.")
   logging.info("host_malloc: glibc malloc keeps freed memory (one arena, no mmap, no trim).")
@@ -79,7 +81,7 @@ def keep_freed_memory() -> bool:
 def configure(mode: str) -> bool:
   """The CLIs' --host_malloc: 'keep' sets keep_freed_memory(); 'auto' does so when the backend will be the CPU;
   'system' leaves malloc alone. True when malloc was changed."""
-  if mode not in ("auto", "keep", "system"):
+  if mode not in MODES:
     raise ValueError(f"host_malloc must be 'auto', 'keep' or 'system', got {mode!r}.")
   if mode == "system" or (mode == "auto" and not backend_will_be_cpu()):
     return False

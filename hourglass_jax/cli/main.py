@@ -7,7 +7,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
-from hourglass_jax import paths
+from hourglass_jax import host_memory, paths
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
 
 _CONFIG = define_config_flag("config", "Path to a configs/*.py file (optionally :preset).")
@@ -24,7 +24,7 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     "$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/jax_cache for a gs:// workdir, else "
     "$XDG_CACHE_HOME/hourglass_jax/xla (~/.cache/hourglass_jax/xla).")
 _HOST_MALLOC = flags.DEFINE_enum(
-    "host_malloc", "auto", ["auto", "keep", "system"],
+    "host_malloc", "auto", host_memory.MODES,
     "glibc malloc on the CPU backend: keep = keep freed memory, so XLA:CPU's per-step temp buffer is not mapped and "
     "faulted in afresh on every step (faster, but the process keeps its peak memory); auto = keep when JAX will "
     "run on the CPU; system = malloc's defaults (hourglass_jax/host_memory.py).")
@@ -44,7 +44,7 @@ def _setup(level=absl_logging.WARNING):
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU hosts
   if not flags.FLAGS["verbosity"].present:
     absl_logging.set_verbosity(level)  # Orbax logs every file it writes at INFO
-  from hourglass_jax import distributed, host_memory
+  from hourglass_jax import distributed
 
   host_memory.configure(_HOST_MALLOC.value)  # before any backend starts: threads bind malloc arenas at start
 
