@@ -5,15 +5,16 @@ fixed-factor Hourglass (avg, linear and attention resampling) and each learned-s
         [--budgets_tflop 1,4,16] [--learning_rates 1e-3,3e-3,1e-2] [--seeds 0,1] [--max_minutes M] [--quick]
 
 Every model has the same widths (d 128 / 4 heads / ff 512 by default, no dropout) and trains on the same data order,
-batch and length; the shortened ones use `2@1 4@4 2@1` (factor 4; the learned ones aim at one boundary per 4 bytes,
-segment_capacity 1.5), vanilla `8@1`. A run trains for budget / (the model's analytic FLOPs per step) steps with a
-cosine schedule after 5% warmup, then scores the whole validation split (bits per byte; for the learned ones also
-the boundary rate realised in evaluation).
+batch and length; the shortened ones use `2@1 4@4 2@1` (factor 4; the learned ones aim at one boundary per 4 bytes
+with --segment_capacity 1.0: as many segment slots as the fixed level has), vanilla `8@1`. A run trains for budget /
+(the model's analytic FLOPs per step) steps with a cosine schedule after 5% warmup, then scores the whole validation
+split (bits per byte; for the learned ones also the boundary rate realised in evaluation).
 
 Procedure, per corpus: each model's learning rate is the one of --learning_rates with the lowest validation bits per
 byte at the middle budget (the first seed); then every budget x seed trains with that rate. Runs are appended to
 results/<name>.json one at a time, and a rerun skips every run already recorded there (same corpus, model, budget,
-seed, rate, widths, shape), so the study can run in pieces: --max_minutes starts no run past that many minutes.
+seed, rate, widths, shape, segment capacity), so the study can run in pieces: --max_minutes starts no run past that
+many minutes.
 results/<name>.md (the table) and results/<name>.png (bits per byte against FLOPs) are rewritten from all recorded
 runs at the end of each call; --report_only rewrites them without training.
 """
@@ -67,6 +68,9 @@ def parse_args(argv=None):
   parser.add_argument("--seq_len", type=int, default=256)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--model", default="d_model=128,num_heads=4,d_ff=512", help="width overrides (every model)")
+  parser.add_argument("--segment_capacity", type=float, default=1.0,
+                      help="the learned models' segment slots, times the target count L/k (model.segment_capacity); "
+                           "1.0 gives the center the fixed level's slots and FLOPs")
   parser.add_argument("--corpus", default="", metavar="PATH",
                       help="a text file (split 90/5/5 in order); default: the embedded corpus (data.name=stdlib_text)")
   parser.add_argument("--max_minutes", type=float, default=0.0, help="start no run after this long (0: no limit)")
@@ -107,7 +111,7 @@ def study_config(args, model: str, budget_tflop: float, seed: int, learning_rate
   cfg.model.update(overrides)
   if predictor:
     cfg = with_dynamic_shortening(cfg, predictor, "shortening_study")
-    cfg.model.segment_capacity = 1.5
+    cfg.model.segment_capacity = args.segment_capacity
   if args.corpus:
     cfg.data.update(name="text_file", path=str(pathlib.Path(args.corpus).expanduser()))
   else:
@@ -120,8 +124,17 @@ def study_config(args, model: str, budget_tflop: float, seed: int, learning_rate
   return cfg
 
 
+def capacity(args, model: str) -> float | None:
+  """The segment capacity of `model`'s runs at this call (None for a model without learned segments)."""
+  return args.segment_capacity if model.startswith("dynamic_") else None
+
+
 def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning_rate: float) -> str:
-  return f"{corpus_id}|{model}|{budget:g}T|seed{seed}|lr{learning_rate:g}|{args.model}|{args.batch}x{args.seq_len}"
+  # Runs at capacity 1.5 (the study's first setting) keep their keys without a suffix.
+  slots = capacity(args, model)
+  suffix = "" if slots in (None, 1.5) else f"|capacity{slots:g}"
+  return (f"{corpus_id}|{model}|{budget:g}T|seed{seed}|lr{learning_rate:g}|{args.model}|{args.batch}x{args.seq_len}"
+          f"{suffix}")
 
 
 def train_once(cfg) -> dict:
@@ -139,9 +152,17 @@ def train_once(cfg) -> dict:
 
 
 def recorded_runs(args, path: pathlib.Path) -> list[dict]:
-  """The runs in the results file at this call's widths and shape (other shapes stay in the file, unread)."""
+  """The runs in the results file at this call's widths, shape and segment capacity (others stay in the file,
+  unread; a run recorded without a capacity had 1.5)."""
   runs = json.loads(path.read_text()) if path.exists() else []
-  return [r for r in runs if (r["widths"], r["batch"], r["seq_len"]) == (args.model, args.batch, args.seq_len)]
+  return [r for r in runs if (r["widths"], r["batch"], r["seq_len"]) == (args.model, args.batch, args.seq_len)
+          and recorded_capacity(r) == capacity(args, r["model"])]
+
+
+def recorded_capacity(run: dict) -> float | None:
+  if not run["model"].startswith("dynamic_"):
+    return None
+  return run.get("segment_capacity") or 1.5
 
 
 def score(run: dict) -> float:
@@ -229,7 +250,8 @@ def report(args, runs: list[dict], out_dir: pathlib.Path) -> pathlib.Path:
   path = out_dir / f"{args.name}.md"
   path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, batch {args.batch} x "
                   f"{args.seq_len} bytes, no dropout, AdamW with 5% warmup and cosine decay; the rate picked per model "
-                  f"from {args.learning_rates} at the middle budget (seed {sweep_seed}).\n\n" + "\n".join(sections))
+                  f"from {args.learning_rates} at the middle budget (seed {sweep_seed}); learned models at segment "
+                  f"capacity {args.segment_capacity:g}.\n\n" + "\n".join(sections))
   if not args.no_plot and runs:
     from benchmarks import plots
     picked = [r for c in dict.fromkeys(r["corpus_id"] for r in runs) for r in chosen_runs(runs, c, budgets, sweep_seed)]
@@ -257,7 +279,8 @@ def main(argv=None) -> list[dict]:
     run = dict(key=run_key(args, corpus["id"], model, budget, seed, learning_rate), corpus_id=corpus["id"],
                corpus=corpus["description"], stage=stage, model=model, budget_tflop=budget, seed=seed,
                learning_rate=learning_rate, steps=cfg.train.steps, flops_per_step=model_flops(cfg),
-               hierarchy=cfg.model.hierarchy, widths=args.model, batch=args.batch, seq_len=args.seq_len,
+               hierarchy=cfg.model.hierarchy, segment_capacity=capacity(args, model), widths=args.model,
+               batch=args.batch, seq_len=args.seq_len,
                **train_once(cfg), load=loadavg())
     append_result(args.name, run, out_dir)
     trained.append(run)

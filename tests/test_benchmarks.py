@@ -110,6 +110,25 @@ def test_shortening_study_table_reports_chosen_rates_means_and_the_gap_to_fixed(
   assert "4 TFLOP: best learned dynamic_routing 1.800; fixed_avg +0.300" in text
 
 
+def test_shortening_study_keeps_each_segment_capacity_apart(tmp_path):
+  at = {c: shortening_study.parse_args(["--segment_capacity", str(c)]) for c in (1.0, 1.5)}
+  assert shortening_study.run_key(at[1.0], "c", "dynamic_whitespace", 4.0, 0, 3e-3).endswith("|capacity1")
+  assert shortening_study.run_key(at[1.0], "c", "fixed_avg", 4.0, 0, 3e-3) == \
+      shortening_study.run_key(at[1.5], "c", "fixed_avg", 4.0, 0, 3e-3)
+  assert "capacity" not in shortening_study.run_key(at[1.5], "c", "dynamic_whitespace", 4.0, 0, 3e-3)  # older runs
+  shape = dict(widths=at[1.0].model, batch=at[1.0].batch, seq_len=at[1.0].seq_len)
+  runs = [dict(model="fixed_avg", segment_capacity=None, **shape), dict(model="dynamic_gumbel", **shape),
+          dict(model="dynamic_gumbel", segment_capacity=1.0, **shape)]
+  (tmp_path / "study.json").write_text(json.dumps(runs))
+  for slots, kept in ((1.0, [0, 2]), (1.5, [0, 1])):
+    assert shortening_study.recorded_runs(at[slots], tmp_path / "study.json") == [runs[i] for i in kept]
+  steps = {(c, m): shortening_study.study_config(at[c], m, 4.0, 0, 3e-3).train.steps
+           for c in (1.0, 1.5) for m in ("fixed_avg", "dynamic_whitespace")}
+  assert steps[1.0, "fixed_avg"] == steps[1.5, "fixed_avg"]
+  # at capacity 1 the center has the fixed level's slots (plus the merged tail): within 1% of its steps
+  assert steps[1.5, "dynamic_whitespace"] < 0.95 * steps[1.0, "fixed_avg"] <= steps[1.0, "dynamic_whitespace"]
+
+
 @pytest.mark.slow
 def test_shortening_study_trains_records_and_resumes(tmp_path):
   argv = ["--quick", "--models", "dynamic_whitespace", "--budgets_tflop", "0.002", "--results", str(tmp_path)]
