@@ -191,9 +191,14 @@ def planned_runs(args, corpus_id: str, runs: list[dict]) -> list[tuple]:
   return [p for p in dict.fromkeys(plan) if run_key(args, corpus_id, *p[1:]) not in done]
 
 
+def eval_metric(run: dict, name: str) -> float | None:
+  """The first level's `name` ('boundary_rate', 'segment_overflow') in evaluation; None for a fixed model."""
+  values = [v for k, v in run.get("eval_metrics", {}).items() if k.endswith(name)]
+  return values[0] if values else None
+
+
 def boundary_rate(run: dict) -> float | None:
-  rates = [v for k, v in run.get("eval_metrics", {}).items() if k.endswith("boundary_rate")]
-  return rates[0] if rates else None
+  return eval_metric(run, "boundary_rate")
 
 
 def chosen_runs(runs: list[dict], corpus_id: str, budgets: list[float], sweep_seed: int = 0) -> list[dict]:
@@ -212,20 +217,21 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
   picked = chosen_runs(runs, corpus_id, budgets, sweep_seed)
   cell, lines = {(m, b): [r for r in picked if r["model"] == m and r["budget_tflop"] == b]
                  for m in models for b in budgets}, []
-  lines.append("| model | learning rate | " + " | ".join(f"{b:g} TFLOP" for b in budgets) + " | eval boundary rate |")
-  lines.append("|---|---:|" + "---:|" * len(budgets) + "---:|")
+  lines.append("| model | learning rate | " + " | ".join(f"{b:g} TFLOP" for b in budgets) + " | eval boundary rate | eval overflow |")
+  lines.append("|---|---:|" + "---:|" * len(budgets) + "---:|---:|")
   for model in models:
     values = []
     for budget in budgets:
       bits = [score(r) for r in cell[model, budget]]
       values.append("" if not bits else f"{statistics.mean(bits):.3f} ({len(bits)})")
     top = next((cell[model, b] for b in reversed(budgets) if cell[model, b]), [])
-    rates = [boundary_rate(r) for r in top if boundary_rate(r) is not None]
-    rate_text = f"{statistics.mean(rates):.3f}" if rates else ""
+    learned = {name: [eval_metric(r, name) for r in top if eval_metric(r, name) is not None]
+               for name in ("boundary_rate", "segment_overflow")}
+    rate_text, overflow_text = (f"{statistics.mean(v):.3f}" if v else "" for v in learned.values())
     tried = {r["learning_rate"] for r in runs if r["corpus_id"] == corpus_id and r["model"] == model
              and r["budget_tflop"] == budgets[len(budgets) // 2] and r["seed"] == sweep_seed}
     mark = "*" if len(tried) < sweep_rates else ""
-    lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values) + f" | {rate_text} |")
+    lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values) + f" | {rate_text} | {overflow_text} |")
   lines.append("")
   lines.append("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf; * the rate sweep is "
                "not finished (the best rate so far).")

@@ -76,7 +76,8 @@ def test_equal_flop_budget_gives_the_cheaper_model_more_steps():
 
 
 def _study_run(args, model, budget, seed, rate, bits, boundary_rate=None):
-  metrics = {"body/level1/boundary_rate": boundary_rate} if boundary_rate is not None else {}
+  metrics = {"body/level1/boundary_rate": boundary_rate,
+             "body/level1/segment_overflow": boundary_rate / 10} if boundary_rate is not None else {}
   return dict(key=shortening_study.run_key(args, "corpus", model, budget, seed, rate), corpus_id="corpus",
               model=model, budget_tflop=budget, seed=seed, learning_rate=rate, valid_bits=bits, eval_metrics=metrics)
 
@@ -105,8 +106,8 @@ def test_shortening_study_table_reports_chosen_rates_means_and_the_gap_to_fixed(
           _study_run(args, "dynamic_routing", 4.0, 0, 3e-3, 1.9, 0.24),
           _study_run(args, "dynamic_routing", 4.0, 1, 3e-3, 1.7, 0.26)]
   text = shortening_study.table(runs, "corpus", [1.0, 4.0], ["fixed_avg", "dynamic_routing"])
-  assert "| fixed_avg | 0.001 | 3.000 (1) | 2.100 (2) |  |" in text  # the 3e-3 sweep run is not averaged in
-  assert "| dynamic_routing | 0.003 |  | 1.800 (2) | 0.250 |" in text
+  assert "| fixed_avg | 0.001 | 3.000 (1) | 2.100 (2) |  |  |" in text  # the 3e-3 sweep run is not averaged in
+  assert "| dynamic_routing | 0.003 |  | 1.800 (2) | 0.250 | 0.025 |" in text
   assert "4 TFLOP: best learned dynamic_routing 1.800; fixed_avg +0.300" in text
 
 
