@@ -4,7 +4,9 @@ Timings on a shared machine drift, so every comparison here runs its candidates 
 process and quotes medians and ratios, with the load average recorded beside them.
 """
 
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -66,13 +68,26 @@ def append_result(name: str, record: dict, results_dir: pathlib.Path | None = No
     record = dict(record, args={key: value for key, value in args.items() if key != "results"})
   path = pathlib.Path(results_dir or RESULTS) / f"{name}.json"
   path.parent.mkdir(parents=True, exist_ok=True)
-  runs = json.loads(path.read_text()) if path.exists() else []
-  if not isinstance(runs, list):
-    runs = [runs]
-  runs.append(dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   machine=machine_info(), **record))
-  path.write_text(json.dumps(runs, indent=1) + "\n")
+  entry = dict(time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               machine=machine_info(), **record)
+  with results_lock(path):  # two runs of a study (one per corpus) may append to one file
+    runs = json.loads(path.read_text()) if path.exists() else []
+    runs = runs if isinstance(runs, list) else [runs]
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(runs + [entry], indent=1) + "\n")
+    partial.replace(path)  # a reader never sees half a file
   return path
+
+
+@contextlib.contextmanager
+def results_lock(path: pathlib.Path):
+  """An exclusive lock on `path`'s results for this process (a lock file beside it, held while the block runs)."""
+  with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def finish_record(args, load_before: list[float], timed: dict, rows: dict) -> dict:

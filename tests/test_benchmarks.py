@@ -192,3 +192,12 @@ def test_helpers():
   timed = common.interleave({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2)
   assert calls == ["a", "b", "a", "b"] and len(timed["times"]["a"]) == 2 and len(timed["loads"]) == 2
   assert common.paired_ratios([2.0, 4.0], [1.0, 2.0]) == [2.0, 2.0]
+
+
+def test_results_appended_at_once_from_many_writers_are_all_kept(tmp_path):
+  import concurrent.futures
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    list(pool.map(lambda i: common.append_result("runs", dict(run=i), tmp_path), range(64)))
+  runs = json.loads((tmp_path / "runs.json").read_text())
+  assert sorted(r["run"] for r in runs) == list(range(64))
+  assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["runs.json"]
