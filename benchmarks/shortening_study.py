@@ -138,13 +138,17 @@ def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning
 
 
 def train_once(cfg) -> dict:
-  """Trains cfg in a temporary workdir; validation bits per byte (None if the loss diverged), sown metrics, losses."""
+  """Trains cfg in a temporary workdir; validation bits per byte (None if the loss diverged), sown metrics, losses.
+  Training stopped by a signal ends the study with a message (its workdir is temporary: nothing to resume from)."""
   start = time.perf_counter()
   with tempfile.TemporaryDirectory() as workdir:
     try:
       summary = train_and_evaluate(cfg, workdir, log=lambda message: None)
     except TrainError as error:  # a learning rate too high for the model: recorded, and loses the sweep
       return dict(valid_bits=None, error=str(error).splitlines()[0], wall_s=round(time.perf_counter() - start, 1))
+  if summary["stopped"] != "done":  # SIGTERM or Ctrl-C: the run is not scored, so nothing is recorded
+    raise SystemExit(f"shortening_study: training was {summary['stopped']} at step {summary['step']} of "
+                     f"{cfg.train.steps}; that run is not recorded, rerun the same command to train it again.")
   return dict(valid_bits=summary["eval"]["bits"], valid_tokens=summary["eval"]["tokens"],
               eval_metrics=summary["eval"]["metrics"], final_train_bits=summary["losses"][cfg.train.steps] / LN2,
               losses={str(k): v / LN2 for k, v in summary["losses"].items()},
@@ -217,7 +221,8 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
   picked = chosen_runs(runs, corpus_id, budgets, sweep_seed)
   cell, lines = {(m, b): [r for r in picked if r["model"] == m and r["budget_tflop"] == b]
                  for m in models for b in budgets}, []
-  lines.append("| model | learning rate | " + " | ".join(f"{b:g} TFLOP" for b in budgets) + " | eval boundary rate | eval overflow |")
+  lines.append("| model | learning rate | " + " | ".join(f"{b:g} TFLOP" for b in budgets)
+               + " | eval boundary rate | eval overflow |")
   lines.append("|---|---:|" + "---:|" * len(budgets) + "---:|---:|")
   for model in models:
     values = []
@@ -231,7 +236,8 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
     tried = {r["learning_rate"] for r in runs if r["corpus_id"] == corpus_id and r["model"] == model
              and r["budget_tflop"] == budgets[len(budgets) // 2] and r["seed"] == sweep_seed}
     mark = "*" if len(tried) < sweep_rates else ""
-    lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values) + f" | {rate_text} | {overflow_text} |")
+    lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values)
+                 + f" | {rate_text} | {overflow_text} |")
   lines.append("")
   lines.append("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf; * the rate sweep is "
                "not finished (the best rate so far).")
