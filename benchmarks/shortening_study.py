@@ -54,6 +54,7 @@ MODELS = {
     "dynamic_gumbel_sampled": dict(hierarchy=SHORTENED, boundaries="gumbel", gumbel_evaluation="sample"),
 }
 LN2 = math.log(2.0)
+FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
 QUICK = dict(budgets_tflop="0.002,0.004,0.008", learning_rates="3e-3", seeds="0", seq_len=32, batch=8,
              model="d_model=32,num_heads=4,d_ff=64", models="vanilla,fixed_avg,dynamic_whitespace")
 
@@ -129,10 +130,17 @@ def capacity(args, model: str) -> float | None:
   return args.segment_capacity if model.startswith("dynamic_") else None
 
 
+def recorded_capacity(run: dict) -> float | None:
+  """The segment capacity a recorded run trained at (FIRST_CAPACITY for a learned run recorded without one)."""
+  if not run["model"].startswith("dynamic_"):
+    return None
+  return run.get("segment_capacity") or FIRST_CAPACITY
+
+
 def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning_rate: float) -> str:
-  # Runs at capacity 1.5 (the study's first setting) keep their keys without a suffix.
+  # Runs at FIRST_CAPACITY keep the keys they were recorded with, without a suffix.
   slots = capacity(args, model)
-  suffix = "" if slots in (None, 1.5) else f"|capacity{slots:g}"
+  suffix = "" if slots in (None, FIRST_CAPACITY) else f"|capacity{slots:g}"
   return (f"{corpus_id}|{model}|{budget:g}T|seed{seed}|lr{learning_rate:g}|{args.model}|{args.batch}x{args.seq_len}"
           f"{suffix}")
 
@@ -157,16 +165,10 @@ def train_once(cfg) -> dict:
 
 def recorded_runs(args, path: pathlib.Path) -> list[dict]:
   """The runs in the results file at this call's widths, shape and segment capacity (others stay in the file,
-  unread; a run recorded without a capacity had 1.5)."""
+  unread)."""
   runs = json.loads(path.read_text()) if path.exists() else []
   return [r for r in runs if (r["widths"], r["batch"], r["seq_len"]) == (args.model, args.batch, args.seq_len)
           and recorded_capacity(r) == capacity(args, r["model"])]
-
-
-def recorded_capacity(run: dict) -> float | None:
-  if not run["model"].startswith("dynamic_"):
-    return None
-  return run.get("segment_capacity") or 1.5
 
 
 def score(run: dict) -> float:

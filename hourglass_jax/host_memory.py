@@ -82,7 +82,8 @@ def configure(mode: str) -> bool:
   """The CLIs' --host_malloc: 'keep' sets keep_freed_memory(); 'auto' does so when the backend will be the CPU;
   'system' leaves malloc alone. True when malloc was changed."""
   if mode not in MODES:
-    raise ValueError(f"host_malloc must be 'auto', 'keep' or 'system', got {mode!r}.")
+    choices = ", ".join(map(repr, MODES[:-1])) + f" or {MODES[-1]!r}"
+    raise ValueError(f"host_malloc must be {choices}, got {mode!r}.")
   if mode == "system" or (mode == "auto" and not backend_will_be_cpu()):
     return False
   return keep_freed_memory()

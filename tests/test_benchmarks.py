@@ -130,7 +130,7 @@ def test_shortening_study_keeps_each_segment_capacity_apart(tmp_path):
   assert steps[1.5, "dynamic_whitespace"] < 0.95 * steps[1.0, "fixed_avg"] <= steps[1.0, "dynamic_whitespace"]
 
 
-def test_shortening_study_stops_with_a_message_when_training_is_interrupted(tmp_path, monkeypatch):
+def test_shortening_study_stops_with_a_message_when_training_is_interrupted(monkeypatch):
   monkeypatch.setattr(shortening_study, "train_and_evaluate",
                       lambda cfg, workdir, log: dict(stopped="preempted", step=7, eval=None, losses={}))
   cfg = shortening_study.study_config(shortening_study.parse_args(["--quick"]), "fixed_avg", 0.002, 0, 3e-3)
