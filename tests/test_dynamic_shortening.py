@@ -14,7 +14,7 @@ from hourglass_jax import sharding
 from hourglass_jax.model import ModelConfig, build_model, counting
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 from hourglass_jax.testing import causality_violations, random_variables
-from hourglass_jax.data import pipeline
+from hourglass_jax.data import pipeline, sources
 from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
 from hourglass_jax.model.hourglass.dynamic_level import evaluation_noise
 from hourglass_jax.train.evaluate import describe, evaluate
@@ -222,6 +222,32 @@ def test_evaluation_reports_the_boundary_rate_it_decoded_with():
   assert len(rates) == 2 and 0 < np.mean(rates) < 1
   np.testing.assert_allclose(result["metrics"]["body/shorten/boundary_rate"], np.mean(rates), rtol=1e-6)
   assert "body/shorten/boundary_rate" in describe(result, cfg.data.eval_split)
+
+
+def test_evaluation_rates_count_the_real_windows_and_not_the_last_batchs_padding(tmp_path):
+  """A split of 9 windows at batch 8: the second batch holds one real window. Its boundary rate counts as one
+  window's, not as a batch's, and the padding (copies of that window) adds no rate of its own."""
+  text = (b"To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer\n" * 40)
+  cfg = tiny_config(model=dict(kind="hourglass", **DYNAMIC, boundaries="whitespace"), mesh=dict(data=1),
+                    data=dict(name="text_file", seq_len=48, eval_batches=0, batch_size=8))
+  for size in range(2000, 20000, 7):  # a corpus whose validation split has 9 windows, the last one mostly text
+    path = tmp_path / f"corpus{size}.txt"
+    path.write_bytes((text * 6)[:size])
+    cfg.data.path = str(path)
+    source = sources.make_source(cfg.data, cfg.data.eval_split, cfg.model.vocab_size, 0, eval_windows=True)
+    if len(source) == 9 and np.count_nonzero(source[8]) > 40:
+      break
+  assert len(source) == 9 and np.count_nonzero(source[8]) > 40
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  trainer = Trainer(cfg, mesh)
+  with jax.set_mesh(mesh):
+    result = evaluate(trainer, trainer.init_state().params, cfg.data.eval_split)
+  rows = np.stack([source[i][:-1] for i in range(len(source))])
+  rates = np.asarray(whitespace_boundaries(jnp.asarray(rows))).mean(axis=1)
+  assert rates[-1] != rates[:8].mean()  # else the weighting would not show
+  np.testing.assert_allclose(result["metrics"]["body/shorten/boundary_rate"], rates.mean(), rtol=1e-6)
+  np.testing.assert_allclose(result["metrics"]["body/shorten/shortening_rate"],
+                             (8 / rates[:8].mean() + 1 / rates[-1]) / 9, rtol=1e-5)
 
 
 def test_the_train_step_adds_the_weighted_ratio_loss_for_routing():

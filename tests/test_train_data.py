@@ -47,11 +47,12 @@ def test_training_batches_resume_and_split_over_processes_identically():
   np.testing.assert_array_equal(next(resumed), next(whole))
 
 
-def test_eval_batches_pad_the_last_batch_with_zero_weight():
+def test_eval_batches_pad_the_last_batch_with_the_last_window_at_zero_weight():
   source = sources.WindowSource(np.arange(60, dtype=np.uint8), seq_len=9, stride=9)  # 6 windows
   batches = list(pipeline.eval_iterator(source, global_batch=4, rows=(0, 4)))
   assert len(batches) == 2 and batches[1][1].shape == (4, 9)  # per-position weights
   np.testing.assert_array_equal(batches[1][1].sum(axis=1), [9, 9, 0, 0])
+  np.testing.assert_array_equal(batches[1][0], np.stack([source[4], source[5], source[5], source[5]]))
   assert len(list(pipeline.eval_iterator(source, 4, (0, 4), max_batches=1))) == 1
 
 

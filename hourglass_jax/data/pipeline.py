@@ -37,7 +37,8 @@ def num_eval_batches(source, global_batch: int, max_batches: int) -> int:
 def eval_iterator(source, global_batch: int, rows: tuple[int, int], max_batches: int = 0):
   """This process's rows of consecutive eval batches: (tokens int32[b, L+1], weights float32[b, L]). A source with
   a `weights(i)` method (eval_windows.ScoredWindows) says which predictions count; otherwise all do. Padding rows
-  past the end of the source have weight 0."""
+  past the end of the source repeat its last window with weight 0: they score nothing, and what a model measures of
+  its input (a dynamic level's boundary rate) stays that of real text."""
   _check_rows(global_batch, rows)
   start, stop = rows
   size, width = len(source), len(source[0])
@@ -45,7 +46,7 @@ def eval_iterator(source, global_batch: int, rows: tuple[int, int], max_batches:
 
   def local_batch(b: int):
     index = np.arange(b * global_batch + start, b * global_batch + stop)
-    tokens = np.stack([source[i] if i < size else np.zeros(width, np.int32) for i in index])
+    tokens = np.stack([source[min(i, size - 1)] for i in index])
     weights = np.stack([weigh(i) if i < size else np.zeros(width - 1, np.float32) for i in index])
     return tokens, weights
 

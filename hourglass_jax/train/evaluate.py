@@ -18,13 +18,14 @@ _STEPS = weakref.WeakKeyDictionary()  # trainer -> its jitted per-position weigh
 
 
 def weighted_eval_step(trainer: Trainer):
-  """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens}, sown metrics)`: only predictions with weight 1
-  count, so overlapping eval windows (sliding, long_context) score each byte once. The sown metrics (a dynamic
-  level's boundary_rate...) are the batch's, as in training."""
+  """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens, rows}, sown metrics)`: only predictions with
+  weight 1 count, so overlapping eval windows (sliding, long_context) score each byte once; `rows` counts the
+  windows that score any. The sown metrics (a dynamic level's boundary_rate...) are the batch's, as in training."""
   if trainer not in _STEPS:
     def eval_step(params, tokens_BxL1, weights_BxL):
       losses_BxL, _, sown = token_losses_and_sown(trainer.model, params, tokens_BxL1, trainer.rules)
-      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum()), sown
+      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum(),
+                  rows=(weights_BxL.sum(axis=1) > 0).sum()), sown
 
     _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
         trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding),
@@ -33,8 +34,9 @@ def weighted_eval_step(trainer: Trainer):
 
 
 def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict:
-  """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and the mean over
-  batches of what the model sows into 'metrics' (`metrics`, by module path; empty for most models)."""
+  """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and what the model
+  sows into 'metrics' (`metrics`, by module path; empty for most models), averaged over batches weighted by their
+  real windows: the last batch's padding (copies of the last window, eval_iterator) counts for nothing."""
   source = trainer.eval_source(split)
   batches = pipeline.num_eval_batches(source, trainer.batch_size, max_batches)
   step, outs, sown = weighted_eval_step(trainer), [], []
@@ -43,9 +45,11 @@ def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict
     outs.append(out)
     sown.append(metrics)
   # Summed on the host in float64: float32 counts stop being exact past 2^24 tokens (a 90M-byte split).
-  total = {key: sum(float(out[key]) for out in sharding.to_host(outs)) for key in ("loss_sum", "tokens")}
+  outs = sharding.to_host(outs)
+  total = {key: sum(float(out[key]) for out in outs) for key in ("loss_sum", "tokens", "rows")}
   sown = sharding.to_host(sown)
-  metrics = {name: sum(float(m[name]) for m in sown) / len(sown) for name in (sown[0] if sown else {})}
+  metrics = {name: sum(float(m[name]) * float(out["rows"]) for m, out in zip(sown, outs)) / max(total["rows"], 1.0)
+             for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
   data = trainer.cfg.data
   kind = sources.dataset_kind(data.name)
