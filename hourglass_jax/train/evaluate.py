@@ -36,7 +36,8 @@ def weighted_eval_step(trainer: Trainer):
 def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict:
   """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and what the model
   sows into 'metrics' (`metrics`, by module path; empty for most models), averaged over batches weighted by their
-  real windows: the last batch's padding (copies of the last window, eval_iterator) counts for nothing."""
+  real windows: a padded last batch counts as its few windows, and its padding (copies of the last window,
+  eval_iterator) adds no rate of its own."""
   source = trainer.eval_source(split)
   batches = pipeline.num_eval_batches(source, trainer.batch_size, max_batches)
   step, outs, sown = weighted_eval_step(trainer), [], []
