@@ -8,6 +8,9 @@ then the driver asks them in turn, A B A B ..., for `--steps` timed steps each (
 Adam update), so load drift hits both alike. Each turn first runs `--settle_steps` untimed steps. The first step
 after the other worker ran is slower, a cost of the interleaving that continuous training never sees: on the
 2-core VM our step takes 1.3-1.9 s longer right after the peer's turn (cause unknown; see BENCHMARKS.md).
+With `--fresh_workers` each turn starts its worker afresh and ends it before the other's turn (the build and warm-up
+are untimed), so no process holds memory while the other runs: next to our worker keeping its freed memory, the peer
+ran 1.3x slower (BENCHMARKS.md).
 Reported: tokens/s of each (median over rounds) and the per-round ratio ours / peer.
 Results: results/peer_compare.json (appended).
 """
@@ -74,6 +77,9 @@ def parse_args(argv=None):
                       help="ours: hourglass-train's --host_malloc (auto keeps freed memory on the CPU backend)")
   parser.add_argument("--peer_malloc", default="system", choices=("system", "keep"),
                       help="peer: keep = the same glibc settings, as GLIBC_TUNABLES (hourglass_jax.host_memory)")
+  parser.add_argument("--fresh_workers", action="store_true",
+                      help="start each turn's worker afresh and end it before the other's turn, so neither process "
+                           "holds memory while the other runs (each turn then pays its build and warm-up, untimed)")
   parser.add_argument("--results", default="")
   parser.add_argument("--name", default="peer_compare")
   return parse_with_quick(parser, argv, QUICK)
@@ -92,36 +98,45 @@ def main(argv=None) -> dict | None:
   shape = [str(args.seq_len), str(args.batch)]
   threads = [str(args.threads)] if args.threads else []
   pin = ["taskset", "-c", args.pin] if args.pin else []
-  ours = Worker([*pin, sys.executable, "benchmarks/peer/ours_worker.py", *shape], 600)
   peer_env = None
   if args.peer_malloc == "keep":
     from hourglass_jax.host_memory import GLIBC_TUNABLES
 
     peer_env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
-  peer = Worker([*pin, str(PEER_PYTHON), "benchmarks/peer/peer_worker.py", *shape, *threads], 600, peer_env)
+  commands = {"ours": ([*pin, sys.executable, "benchmarks/peer/ours_worker.py", *shape], None),
+              "peer": ([*pin, str(PEER_PYTHON), "benchmarks/peer/peer_worker.py", *shape, *threads], peer_env)}
+  kept = {} if args.fresh_workers else {name: Worker(command, 600, env) for name, (command, env) in commands.items()}
+  facts = {name: worker.facts for name, worker in kept.items()}
   try:
     times, loads, settle = {"ours": [], "peer": []}, [], {"ours": [], "peer": []}
     for _ in range(args.rounds):
-      for name, worker in (("ours", ours), ("peer", peer)):
-        seconds = worker.time_steps(args.settle_steps + args.steps)
+      for name, (command, env) in commands.items():
+        worker = kept.get(name) or Worker(command, 600, env)
+        facts.setdefault(name, worker.facts)
+        try:
+          seconds = worker.time_steps(args.settle_steps + args.steps)
+        finally:
+          if name not in kept:
+            worker.close()
         settle[name].append(seconds[:args.settle_steps])
         times[name].append(median(seconds[args.settle_steps:]))
       loads.append(loadavg()[0])
   finally:
-    ours.close()
-    peer.close()
+    for worker in kept.values():
+      worker.close()
+  ours, peer = facts["ours"], facts["peer"]
   tokens = args.seq_len * args.batch
   ratios = [1 / r for r in paired_ratios(times["ours"], times["peer"])]  # tokens/s ours / peer
-  record = dict(args=vars(args), ours=ours.facts, peer=peer.facts, step_s=times, settle_step_s=settle, loads=loads,
+  record = dict(args=vars(args), ours=ours, peer=peer, step_s=times, settle_step_s=settle, loads=loads,
                 tokens_per_s={k: tokens / median(v) for k, v in times.items()},
                 speed_ratio_median=median(ratios), speed_ratios=ratios, wall_s=round(time.perf_counter() - start, 1))
-  print(f"ours: {ours.facts['config']}, {ours.facts['params']:,} params, {record['tokens_per_s']['ours']:,.0f} tok/s "
-        f"(host malloc {'kept' if ours.facts.get('host_malloc_kept') else 'system'})")
-  print(f"peer: {peer.facts['config']}, {peer.facts['params']:,} params, {record['tokens_per_s']['peer']:,.0f} tok/s "
-        f"(torch {peer.facts['torch']}, {peer.facts['threads']} threads, host malloc {args.peer_malloc})")
-  flops = peer.facts.get("torch_flops")
+  print(f"ours: {ours['config']}, {ours['params']:,} params, {record['tokens_per_s']['ours']:,.0f} tok/s "
+        f"(host malloc {'kept' if ours.get('host_malloc_kept') else 'system'})")
+  print(f"peer: {peer['config']}, {peer['params']:,} params, {record['tokens_per_s']['peer']:,.0f} tok/s "
+        f"(torch {peer['torch']}, {peer['threads']} threads, host malloc {args.peer_malloc})")
+  flops = peer.get("torch_flops")
   if flops:
-    print(f"FLOPs per step: ours {ours.facts['model_flops'] / 1e9:.2f} G analytic, {ours.facts['xla_flops'] / 1e9:.2f} "
+    print(f"FLOPs per step: ours {ours['model_flops'] / 1e9:.2f} G analytic, {ours['xla_flops'] / 1e9:.2f} "
           f"G XLA; peer {flops / 1e9:.2f} G (torch FlopCounterMode, forward + backward)")
   print(f"tokens/s ours / peer: median {record['speed_ratio_median']:.2f} over {len(ratios)} interleaved rounds "
         f"(each {', '.join(f'{r:.2f}' for r in ratios)}), load {loads}")

@@ -193,6 +193,35 @@ def test_peer_driver_times_each_turn_after_its_settle_steps(tmp_path, monkeypatc
     peer_compare.main(["--settle_steps", "-1", "--results", str(tmp_path)])
 
 
+def test_peer_driver_with_fresh_workers_ends_each_turns_worker_before_the_others_turn(tmp_path, monkeypatch):
+  events = []
+
+  class FakeWorker:
+    def __init__(self, command, timeout_s, env=None):
+      self.name = "ours" if "ours_worker.py" in " ".join(command) else "peer"
+      events.append(("start", self.name))
+      self.facts = dict(config="fake", params=1, model_flops=1.0, xla_flops=1.0, torch="fake", threads=1)
+
+    def time_steps(self, steps):
+      events.append(("time", self.name))
+      return [1.0 if self.name == "ours" else 3.0] * steps
+
+    def close(self):
+      events.append(("close", self.name))
+
+  monkeypatch.setenv("HOURGLASS_PEER_SHAPE", "default")
+  monkeypatch.setenv("HOURGLASS_HOST_MALLOC", "auto")
+  monkeypatch.setattr(peer_compare, "Worker", FakeWorker)
+  monkeypatch.setattr(peer_compare, "PEER_PYTHON", pathlib.Path(sys.executable))
+  record = peer_compare.main(["--rounds", "2", "--fresh_workers", "--results", str(tmp_path)])
+  turn = [("start", "ours"), ("time", "ours"), ("close", "ours"), ("start", "peer"), ("time", "peer"),
+          ("close", "peer")]
+  assert events == turn * 2 and record["speed_ratio_median"] == 3.0
+  events.clear()
+  peer_compare.main(["--rounds", "2", "--results", str(tmp_path)])  # kept workers: built once, closed at the end
+  assert events == [("start", "ours"), ("start", "peer"), *[("time", "ours"), ("time", "peer")] * 2,
+                    ("close", "ours"), ("close", "peer")]
+
 def test_helpers():
   assert common.parse_overrides("d_model=64,dropout=0.0,dtype=bfloat16") == dict(d_model=64, dropout=0.0,
                                                                                  dtype="bfloat16")
