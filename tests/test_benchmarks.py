@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from benchmarks import (common, dense_kernel_gradient, dynamic_decode, dynamic_step, learning, peer_compare,
-                        shortening_study, throughput)
+from benchmarks import (common, dense_kernel_gradient, dynamic_decode, dynamic_step, learning, overflow_cost,
+                        peer_compare, shortening_study, throughput)
 from benchmarks.peer_compare import Worker
 from hourglass_jax import host_memory
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
@@ -149,6 +149,17 @@ def test_shortening_study_trains_records_and_resumes(tmp_path):
   assert len(json.loads((tmp_path / "shortening_study_quick.json").read_text())) == 1
   assert "| dynamic_whitespace | 0.003 |" in (tmp_path / "shortening_study_quick.md").read_text()
 
+
+@pytest.mark.slow
+def test_overflow_cost_evaluates_one_trained_model_at_each_segment_capacity(tmp_path):
+  record = overflow_cost.main(["--quick", "--capacities", "0.5,4.0", "--results", str(tmp_path)])
+  tight, roomy = record["evaluations"]
+  assert (tight["segment_capacity"], roomy["segment_capacity"]) == (0.5, 4.0)
+  # the same parameters: the boundaries do not depend on the slots, only which positions overflow does
+  assert tight["boundary_rate"] == pytest.approx(roomy["boundary_rate"], abs=1e-6)
+  assert tight["segment_overflow"] > 0.05 and roomy["segment_overflow"] == 0.0  # 4.0: a slot for every position
+  assert tight["valid_bits"] != roomy["valid_bits"]  # the overflowing positions read another segment
+  assert json.loads((tmp_path / "overflow_cost.json").read_text())[-1]["evaluations"] == record["evaluations"]
 
 def test_peer_driver_speaks_the_worker_protocol():
   serve = ("import sys; sys.path.insert(0, 'benchmarks/peer'); from worker_protocol import serve; "
