@@ -45,11 +45,6 @@ def parse_args(argv=None):
   return parser.parse_args(argv)
 
 
-def metric(result: dict, name: str) -> float:
-  """A sown evaluation metric of the level ('segment_overflow', 'boundary_rate')."""
-  return next(float(v) for k, v in result["metrics"].items() if k.endswith(f"shorten/{name}"))
-
-
 def main(argv=None) -> dict:
   args = parse_args(argv)
   capacities = study.floats(args.capacities)
@@ -63,14 +58,16 @@ def main(argv=None) -> dict:
         f"{capacities[0]:g}", flush=True)
   evaluations = []
   with tempfile.TemporaryDirectory() as workdir:
-    train_and_evaluate(cfg, workdir, log=lambda message: None)
+    result = train_and_evaluate(cfg, workdir, log=lambda message: None)["eval"]  # at the first capacity
+    cfg.checkpoint.allow_settings_change = True  # only the number of slots changes
     for slots in capacities:
-      cfg.model.segment_capacity = slots
-      cfg.checkpoint.allow_settings_change = True  # only the number of slots changes
-      result = evaluate_checkpoint(cfg, workdir, log=lambda message: None)
+      if evaluations:
+        cfg.model.segment_capacity = slots
+        result = evaluate_checkpoint(cfg, workdir, log=lambda message: None)
+      run = dict(eval_metrics=result["metrics"])
       evaluations.append(dict(segment_capacity=slots, valid_bits=result["bits"],
-                              segment_overflow=metric(result, "segment_overflow"),
-                              boundary_rate=metric(result, "boundary_rate")))
+                              segment_overflow=float(study.eval_metric(run, "segment_overflow")),
+                              boundary_rate=float(study.eval_metric(run, "boundary_rate"))))
       print(f"  capacity {slots:g}: {result['bits']:.4f} bits/byte, overflow {evaluations[-1]['segment_overflow']:.4f}",
             flush=True)
   record = dict(corpus_id=corpus["id"], corpus=corpus["description"], model=args.model, budget_tflop=budget,

@@ -9,8 +9,8 @@ Adam update), so load drift hits both alike. Each turn first runs `--settle_step
 after the other worker ran is slower, a cost of the interleaving that continuous training never sees: on the
 2-core VM our step takes 1.3-1.9 s longer right after the peer's turn (cause unknown; see BENCHMARKS.md).
 With `--fresh_workers` each turn starts its worker afresh and ends it before the other's turn (the build and warm-up
-are untimed), so no process holds memory while the other runs: next to our worker keeping its freed memory, the peer
-ran 1.3x slower (BENCHMARKS.md).
+are untimed), so no process holds memory while the other runs and no turn follows the other worker's within one
+process.
 Reported: tokens/s of each (median over rounds) and the per-round ratio ours / peer.
 Results: results/peer_compare.json (appended).
 """

@@ -161,6 +161,7 @@ def test_overflow_cost_evaluates_one_trained_model_at_each_segment_capacity(tmp_
   assert tight["valid_bits"] != roomy["valid_bits"]  # the overflowing positions read another segment
   assert json.loads((tmp_path / "overflow_cost.json").read_text())[-1]["evaluations"] == record["evaluations"]
 
+
 def test_peer_driver_speaks_the_worker_protocol():
   serve = ("import sys; sys.path.insert(0, 'benchmarks/peer'); from worker_protocol import serve; "
            "serve(lambda: None, dict(impl='fake'))")
@@ -232,6 +233,7 @@ def test_peer_driver_with_fresh_workers_ends_each_turns_worker_before_the_others
   peer_compare.main(["--rounds", "2", "--results", str(tmp_path)])  # kept workers: built once, closed at the end
   assert events == [("start", "ours"), ("start", "peer"), *[("time", "ours"), ("time", "peer")] * 2,
                     ("close", "ours"), ("close", "peer")]
+
 
 def test_helpers():
   assert common.parse_overrides("d_model=64,dropout=0.0,dtype=bfloat16") == dict(d_model=64, dropout=0.0,
