@@ -55,6 +55,9 @@ MODELS = {
 }
 LN2 = math.log(2.0)
 FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
+# A learned level's positions read a segment from its closing position on ('closing'); runs recorded without the
+# field read it one position later ('next', before 2026-11-25), and routing cut one position later.
+SEGMENT_READ = "closing"
 QUICK = dict(budgets_tflop="0.002,0.004,0.008", learning_rates="3e-3", seeds="0", seq_len=32, batch=8,
              model="d_model=32,num_heads=4,d_ff=64", models="vanilla,fixed_avg,dynamic_whitespace")
 
@@ -137,10 +140,23 @@ def recorded_capacity(run: dict) -> float | None:
   return run.get("segment_capacity") or FIRST_CAPACITY
 
 
+def segment_read(model: str) -> str | None:
+  """The segment read rule of `model`'s runs at this call (None for a model without learned segments)."""
+  return SEGMENT_READ if model.startswith("dynamic_") else None
+
+
+def recorded_read(run: dict) -> str | None:
+  """The read rule a recorded run trained with ('next' for a learned run recorded without one)."""
+  if not run["model"].startswith("dynamic_"):
+    return None
+  return run.get("segment_read") or "next"
+
+
 def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning_rate: float) -> str:
-  # Runs at FIRST_CAPACITY keep the keys they were recorded with, without a suffix.
+  # Runs at FIRST_CAPACITY keep the keys they were recorded with, without a suffix; so do runs of the 'next' rule.
   slots = capacity(args, model)
   suffix = "" if slots in (None, FIRST_CAPACITY) else f"|capacity{slots:g}"
+  suffix += f"|read-{segment_read(model)}" if segment_read(model) else ""
   return (f"{corpus_id}|{model}|{budget:g}T|seed{seed}|lr{learning_rate:g}|{args.model}|{args.batch}x{args.seq_len}"
           f"{suffix}")
 
@@ -164,11 +180,11 @@ def train_once(cfg) -> dict:
 
 
 def recorded_runs(args, path: pathlib.Path) -> list[dict]:
-  """The runs in the results file at this call's widths, shape and segment capacity (others stay in the file,
-  unread)."""
+  """The runs in the results file at this call's widths, shape, segment capacity and read rule (others stay in the
+  file, unread)."""
   runs = json.loads(path.read_text()) if path.exists() else []
   return [r for r in runs if (r["widths"], r["batch"], r["seq_len"]) == (args.model, args.batch, args.seq_len)
-          and recorded_capacity(r) == capacity(args, r["model"])]
+          and recorded_capacity(r) == capacity(args, r["model"]) and recorded_read(r) == segment_read(r["model"])]
 
 
 def score(run: dict) -> float:
@@ -293,7 +309,8 @@ def main(argv=None) -> list[dict]:
     run = dict(key=run_key(args, corpus["id"], model, budget, seed, learning_rate), corpus_id=corpus["id"],
                corpus=corpus["description"], stage=stage, model=model, budget_tflop=budget, seed=seed,
                learning_rate=learning_rate, steps=cfg.train.steps, flops_per_step=model_flops(cfg),
-               hierarchy=cfg.model.hierarchy, segment_capacity=capacity(args, model), widths=args.model,
+               hierarchy=cfg.model.hierarchy, segment_capacity=capacity(args, model),
+               segment_read=segment_read(model), widths=args.model,
                batch=args.batch, seq_len=args.seq_len,
                **train_once(cfg), load=loadavg())
     append_result(args.name, run, out_dir)

@@ -111,17 +111,21 @@ def test_shortening_study_table_reports_chosen_rates_means_and_the_gap_to_fixed(
   assert "4 TFLOP: best learned dynamic_routing 1.800; fixed_avg +0.300" in text
 
 
-def test_shortening_study_keeps_each_segment_capacity_apart(tmp_path):
+def test_shortening_study_keeps_each_segment_capacity_and_read_rule_apart(tmp_path):
   at = {c: shortening_study.parse_args(["--segment_capacity", str(c)]) for c in (1.0, 1.5)}
-  assert shortening_study.run_key(at[1.0], "c", "dynamic_whitespace", 4.0, 0, 3e-3).endswith("|capacity1")
+  assert shortening_study.run_key(at[1.0], "c", "dynamic_whitespace", 4.0, 0, 3e-3).endswith(
+      "|capacity1|read-closing")
   assert shortening_study.run_key(at[1.0], "c", "fixed_avg", 4.0, 0, 3e-3) == \
       shortening_study.run_key(at[1.5], "c", "fixed_avg", 4.0, 0, 3e-3)
   assert "capacity" not in shortening_study.run_key(at[1.5], "c", "dynamic_whitespace", 4.0, 0, 3e-3)  # older runs
   shape = dict(widths=at[1.0].model, batch=at[1.0].batch, seq_len=at[1.0].seq_len)
+  # recorded without a read rule: the learned runs of the earlier rule, which the study no longer reads
   runs = [dict(model="fixed_avg", segment_capacity=None, **shape), dict(model="dynamic_gumbel", **shape),
-          dict(model="dynamic_gumbel", segment_capacity=1.0, **shape)]
+          dict(model="dynamic_gumbel", segment_capacity=1.0, **shape),
+          dict(model="dynamic_gumbel", segment_capacity=1.0, segment_read="closing", **shape),
+          dict(model="dynamic_gumbel", segment_read="closing", **shape)]
   (tmp_path / "study.json").write_text(json.dumps(runs))
-  for slots, kept in ((1.0, [0, 2]), (1.5, [0, 1])):
+  for slots, kept in ((1.0, [0, 3]), (1.5, [0, 4])):
     assert shortening_study.recorded_runs(at[slots], tmp_path / "study.json") == [runs[i] for i in kept]
   steps = {(c, m): shortening_study.study_config(at[c], m, 4.0, 0, 3e-3).train.steps
            for c in (1.0, 1.5) for m in ("fixed_avg", "dynamic_whitespace")}

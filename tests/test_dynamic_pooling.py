@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, positions_in_segments, segment_ends, segment_ids,
-                                                   segment_start_probs, smooth_segments, starts_from_boundaries,
+from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
+                                                   segment_boundary_probs, segment_ends, segment_ids, smooth_segments,
                                                    straight_through_weights, upsample_segments, whitespace_boundaries)
 from hourglass_jax.model.hourglass.dynamic_level import ratio_loss
 
@@ -15,7 +15,8 @@ RNG = np.random.default_rng(0)
 
 
 def reference(x_LxD, b_L, m):
-  """One row, by the definitions: segments split after each boundary, those from m-1 on merged."""
+  """One row, by the definitions: segments split after each boundary, those from m-1 on merged; a position reads
+  the newest segment completed at or before it."""
   ids = np.minimum(np.concatenate([[0], np.cumsum(b_L)[:-1]]), m - 1)
   z = np.zeros((m, x_LxD.shape[1]), np.float32)
   ends = np.full(m, len(b_L))
@@ -25,8 +26,9 @@ def reference(x_LxD, b_L, m):
       z[j] = x_LxD[rows].mean(axis=0)
       if j < m - 1 and b_L[rows[-1]]:
         ends[j] = rows[-1]
-  up = np.stack([z[i - 1] if i > 0 else np.zeros_like(z[0]) for i in ids])
-  return ids, z, ends, up
+  completed = np.array([sum(j < m - 1 and ends[j] <= t for j in range(m)) for t in range(len(b_L))])
+  up = np.stack([z[r - 1] if r > 0 else np.zeros_like(z[0]) for r in completed])
+  return ids, z, ends, completed, up
 
 
 @pytest.mark.parametrize("max_segments", [2, 5, 40])  # 5 and 2 overflow into the merged tail; 40 leaves it empty
@@ -37,14 +39,16 @@ def test_ops_follow_their_definitions(max_segments):
   ids = segment_ids(jnp.asarray(b_BxL), max_segments)
   z, count = pool_segments(jnp.asarray(x_BxLxD), ids, max_segments)
   ends, completed = segment_ends(jnp.asarray(b_BxL), ids, max_segments)
-  up = upsample_segments(z, ids)
+  completed_BxL = completed_segments(jnp.asarray(b_BxL), max_segments)
+  up = upsample_segments(z, completed_BxL)
   for row in range(3):
-    want_ids, want_z, want_ends, want_up = reference(x_BxLxD[row], b_BxL[row], max_segments)
+    want_ids, want_z, want_ends, want_completed, want_up = reference(x_BxLxD[row], b_BxL[row], max_segments)
     np.testing.assert_array_equal(ids[row], want_ids)
     np.testing.assert_allclose(z[row], want_z, atol=1e-6)
     np.testing.assert_array_equal(count[row], np.bincount(want_ids, minlength=max_segments))
     np.testing.assert_array_equal(ends[row], want_ends)
     np.testing.assert_array_equal(completed[row], want_ends < 29)
+    np.testing.assert_array_equal(completed_BxL[row], want_completed)
     np.testing.assert_allclose(up[row], want_up, atol=1e-6)
 
 
@@ -68,20 +72,23 @@ def causal_model(x_BxLxD, b_BxL, max_segments=6):
   ids = segment_ids(b_BxL, max_segments)
   z, _ = pool_segments(x_BxLxD, ids, max_segments)
   y = jnp.cumsum(z, axis=1) / jnp.arange(1, max_segments + 1)[None, :, None]
-  return upsample_segments(y, ids) + x_BxLxD
+  return upsample_segments(y, completed_segments(b_BxL, max_segments)) + x_BxLxD
 
 
 def test_a_position_depends_only_on_earlier_positions_and_boundaries():
   """Changing x[p] or the boundary decision at p (the merged tail included: few segments) leaves every output
-  before p alone, and the output at p sees x[p] only through the residual."""
+  before p alone; a position that closes a segment reads it at once, x[p] included."""
   run = jax.jit(causal_model)
   x_BxLxD = jnp.asarray(RNG.normal(size=(2, 24, 3)), jnp.float32)
-  b_BxL = jnp.asarray(RNG.random((2, 24)) < 0.4)
+  b_BxL = jnp.asarray(RNG.random((2, 24)) < 0.4).at[:, 5].set(True).at[:, 11].set(False)
   base = np.asarray(run(x_BxLxD, b_BxL))
   for p in (0, 5, 11, 23):
     moved = np.asarray(run(x_BxLxD.at[:, p].add(3.0), b_BxL.at[:, p].set(~b_BxL[:, p])))
     np.testing.assert_array_equal(moved[:, :p], base[:, :p])
-    np.testing.assert_allclose(moved[:, p] - base[:, p], 3.0, atol=1e-5)  # only the residual changed at p
+  closing = np.asarray(run(x_BxLxD.at[:, 5].add(3.0), b_BxL))  # b_5 = 1: position 5 reads the segment it closed
+  assert np.abs(closing[:, 5] - base[:, 5] - 3.0).max() > 1e-3
+  open_at = np.asarray(run(x_BxLxD.at[:, 11].add(3.0), b_BxL))  # b_11 = 0: x[11] reaches 11 by the residual only
+  np.testing.assert_allclose(open_at[:, 11] - base[:, 11], 3.0, atol=1e-5)
   later = np.asarray(run(x_BxLxD.at[:, 3].add(3.0), b_BxL))
   assert np.abs(later[:, 4:] - base[:, 4:]).max() > 1e-3  # and the shortened path does carry information forward
 
@@ -119,18 +126,19 @@ def test_a_batch_sharded_over_devices_needs_no_communication():
 
 
 def test_routing_smoothing_and_start_probabilities_follow_their_definitions():
-  """H-Net's pieces: P_j is the probability at segment j's first position; ybar_j = P_j y_j + (1 - P_j) ybar_{j-1};
-  the ratio loss is 1 at the target rate and larger elsewhere."""
+  """H-Net's pieces: P_j is the probability at the position that closes segment j (0 for the open one);
+  ybar_j = P_j y_j + (1 - P_j) ybar_{j-1}; the ratio loss is 1 at the target rate and larger elsewhere."""
   b_BxL = RNG.random((2, 17)) < 0.3
+  b_BxL[:, -1] = False  # the last segment stays open
   p_BxL = RNG.random((2, 17)).astype(np.float32)
   ids = segment_ids(jnp.asarray(b_BxL), 9)
-  starts = np.asarray(starts_from_boundaries(jnp.asarray(b_BxL)))
-  probs = np.asarray(segment_start_probs(jnp.asarray(p_BxL), jnp.asarray(starts), ids, 9))
+  probs = np.asarray(segment_boundary_probs(jnp.asarray(p_BxL), jnp.asarray(b_BxL), ids, 9))
   y_BxMxD = RNG.normal(size=(2, 9, 3)).astype(np.float32)
   smoothed = np.asarray(smooth_segments(jnp.asarray(y_BxMxD), jnp.asarray(probs)))
   for row in range(2):
-    first = [np.flatnonzero(np.asarray(ids[row]) == j) for j in range(9)]
-    expected_P = np.array([p_BxL[row, f[0]] if len(f) else 0.0 for f in first], np.float32)
+    members = [np.flatnonzero(np.asarray(ids[row]) == j) for j in range(9)]
+    expected_P = np.array([p_BxL[row, m[-1]] if len(m) and b_BxL[row, m[-1]] else 0.0 for m in members],
+                          np.float32)
     np.testing.assert_allclose(probs[row], expected_P, rtol=1e-6)
     ybar = np.zeros(3, np.float32)
     for j in range(9):

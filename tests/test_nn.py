@@ -69,9 +69,9 @@ def test_every_body_maps_any_width_and_length_causally(name):
   assert np.all(np.diag(influence_LxL) > 0.0)
 
 
-def test_dynamic_shortening_pools_given_segments_and_reads_the_last_completed_one():
-  """With boundaries after positions 1 and 4: z = the means of x[0:2], x[2:5]; position t reads the segment closed
-  strictly before it (none for t <= 1), through the output norm, plus x[t]."""
+def test_dynamic_shortening_pools_given_segments_and_reads_the_newest_completed_one():
+  """With boundaries after positions 1 and 4: z = the means of x[0:2], x[2:5]; position t reads the newest segment
+  closed at or before it (none for t = 0), through the output norm, plus x[t]."""
   x_BxLxD = stream(7)
   boundaries_BxL = jnp.asarray([[False, True, False, False, True, False, False]])
   shorten = hnn.DynamicShorten(factor=3, boundaries="whitespace", num_heads=2)
@@ -81,7 +81,7 @@ def test_dynamic_shortening_pools_given_segments_and_reads_the_last_completed_on
                                                         x_BxLxD[0, 5:].mean(0)]), atol=1e-6)
   y_BxLxD = upsample.apply(upsample.init(jax.random.key(0), z_BxMxD, segments, x_BxLxD), z_BxMxD, segments, x_BxLxD)
   norm = lambda v: (v - v.mean()) / np.sqrt(v.var() + 1e-6)
-  expected = [np.zeros(WIDTH)] * 2 + [norm(z_BxMxD[0, 0])] * 3 + [norm(z_BxMxD[0, 1])] * 2
+  expected = [np.zeros(WIDTH)] + [norm(z_BxMxD[0, 0])] * 3 + [norm(z_BxMxD[0, 1])] * 3
   np.testing.assert_allclose(y_BxLxD[0] - x_BxLxD[0], np.stack(expected), atol=1e-4)
 
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic import (segment_start_probs, segments_holding, smooth_segments,
-                                                   smooth_step, starts_from_boundaries)
+from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
+                                                   smooth_segments, smooth_step)
 from hourglass_jax.model.hourglass.dynamic_cache import (after_rows, close_segment, join_segment, new_segment_state,
                                                          prefill_segments, take_rows)
 from hourglass_jax.model.hourglass.dynamic_level import (DynamicShorten, DynamicUpsample, Segments,
@@ -140,41 +140,40 @@ class Hourglass(LayerOptions):
 
   def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT, lengths_B):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
-    once; a token closes the open segment when a segment starts at it, reads the newest completed one and joins the
-    open one. A prompt's `lengths_B` (a level inside another dynamic one) are its rows' token counts."""
+    once; a token joins the open segment, closes it when its boundary says so, and reads the newest completed one.
+    A prompt's `lengths_B` (a level inside another dynamic one) are its rows' token counts."""
     length = x_BxTxD.shape[1]
     index_T = (0 if position is None else position) + jnp.arange(length)
     cache = dict(cache)
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
-    starts_BxT, probs_BxT, updates, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
+    b_BxT, probs_BxT, updates, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
         x_BxTxD, True, boundaries_BxT, previous=cache["segment"], positions_L=index_T)
     state = after_rows(cache["segment"], updates, lengths_B)  # what the predictor keeps of the last token
     num_segments = max_segments(kv_cache.size(cache["pre"]), hierarchy.relative_factor(0), self.segment_capacity)
     smooth = self._predictors(hierarchy)[0] == "routing"
-    if position is None:  # b_t = starts_{t+1}; the last token's boundary is the next step's start
-      b_BxT = jnp.concatenate([starts_BxT[:, 1:], jnp.zeros_like(starts_BxT[:, :1])], axis=1)
+    if position is None:
       if lengths_B is not None:
-        b_BxT &= jnp.arange(length)[None, :] < lengths_B[:, None] - 1
+        b_BxT &= jnp.arange(length)[None, :] < lengths_B[:, None]
       z_BxNxD, ids_BxT, opened = prefill_segments(pooled_BxTxD, b_BxT, num_segments, lengths_B)
-      start_probs_BxM = segment_start_probs(probs_BxT, starts_from_boundaries(b_BxT), ids_BxT, num_segments)
       y_BxNxD, cache["inner"] = self._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None,
                                                                 lengths_B=opened["completed"])
       if smooth:
-        y_BxNxD = smooth_segments(y_BxNxD, start_probs_BxM[:, :y_BxNxD.shape[1]])
+        boundary_probs_BxM = segment_boundary_probs(probs_BxT, b_BxT, ids_BxT, num_segments)
+        y_BxNxD = smooth_segments(y_BxNxD, boundary_probs_BxM[:, :y_BxNxD.shape[1]])
       completed_B = opened["completed"]
       cache["z"] = jnp.take_along_axis(y_BxNxD, jnp.maximum(completed_B - 1, 0)[:, None, None], axis=1)
-      state.update(opened, start_prob=jnp.take_along_axis(start_probs_BxM, completed_B[:, None], axis=1)[:, 0])
+      state.update(opened)
+      completed_BxT = completed_segments(b_BxT, num_segments)
     else:
-      state, closes_B, mean_Bx1xD, closed_prob_B = close_segment(state, starts_BxT[:, 0], probs_BxT[:, 0],
-                                                                 num_segments)
+      state, closes_B, mean_Bx1xD = close_segment(join_segment(state, pooled_BxTxD), b_BxT[:, 0], num_segments)
       entry_B = state["completed"] - 1
       cache["z"], cache["inner"] = self._close_segments(hierarchy, options, closes_B, mean_Bx1xD, entry_B,
-                                                        closed_prob_B if smooth else None, cache["z"], cache["inner"])
-      y_BxNxD, ids_BxT = cache["z"], jnp.minimum(state["completed"], 1)[:, None]
-      state = join_segment(state, pooled_BxTxD)
+                                                        probs_BxT[:, 0] if smooth else None, cache["z"],
+                                                        cache["inner"])
+      y_BxNxD, completed_BxT = cache["z"], jnp.minimum(state["completed"], 1)[:, None]
     cache["segment"] = state
-    y_BxTxD = DynamicUpsample(**options, name="upsample")(y_BxNxD, Segments(ids_BxT, None), x_BxTxD)
+    y_BxTxD = DynamicUpsample(**options, name="upsample")(y_BxNxD, Segments(None, completed_BxT, None), x_BxTxD)
     y_BxTxD, cache["post"] = self._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                      index_T)
     return y_BxTxD, cache

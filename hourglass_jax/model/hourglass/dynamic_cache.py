@@ -2,16 +2,14 @@
 whole sequence).
 
 Per row the state holds 'completed' (segments closed so far, capped at M-1: the merged tail never closes), the
-float32 'sum' and 'size' of the open segment and its 'start_prob' (H-Net's smoothing weight, 1 for the first), and
-what the predictor needs of the token before: its 'boundary' decision (every predictor but 'routing'), its routing
-'key' ('routing', which decides b_{t-1} at token t) or its next-token 'entropy' ('entropy'), and whether there was
-one ('seen').
+float32 'sum' and 'size' of the open segment, and what the predictor needs of the token before: its routing 'key'
+('routing') or its next-token 'entropy' ('entropy'), and whether there was one ('seen').
 
-A token first closes the open segment if a segment starts at it (b_{t-1} = 1) and the open one is not the merged
-tail: the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
+A token first joins the open segment. If its boundary b_t closes the segment and the open one is not the merged
+tail, the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
 tokens, so the inner level runs row by row (a vmap), for the closing rows only, gathered in chunks
-(`Hourglass._close_segments`). The token then reads the newest completed segment's output and joins the open segment. With M counted
-from the cache length, decoding equals the forward pass over that many positions.
+(`Hourglass._close_segments`). The token then reads the newest completed segment's output, its own segment's when
+it closed one. With M counted from the cache length, decoding equals the forward pass over that many positions.
 """
 
 import jax
@@ -22,15 +20,14 @@ from hourglass_jax.model.hourglass.dynamic import pool_segments, segment_ids
 
 def new_segment_state(batch: int, d_model: int, dtype) -> dict:
   return {"sum": jnp.zeros((batch, d_model), jnp.float32), "size": jnp.zeros((batch,), jnp.int32),
-          "completed": jnp.zeros((batch,), jnp.int32), "start_prob": jnp.ones((batch,), jnp.float32),
-          "boundary": jnp.zeros((batch,), bool), "key": jnp.zeros((batch, d_model), dtype),
+          "completed": jnp.zeros((batch,), jnp.int32), "key": jnp.zeros((batch, d_model), dtype),
           "entropy": jnp.zeros((batch,), jnp.float32), "seen": jnp.zeros((batch,), bool)}
 
 
 def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int, lengths_B=None):
   """A prompt's segments: (means [B, N, D] of the first N = min(P, M-1) segments, the ones a prompt of P tokens
   can complete; ids [B, P]; the state's 'sum', 'size' and 'completed' after it). With `lengths_B` a row's prompt is
-  its first lengths_B tokens (no boundary may follow its last one): the rest neither joins nor closes a segment."""
+  its first lengths_B tokens (no boundary may lie past them): the rest neither joins nor closes a segment."""
   length = x_BxPxD.shape[1]
   ids_BxP = segment_ids(boundaries_BxP, max_segments)
   z_BxMxD, _ = pool_segments(x_BxPxD, ids_BxP, max_segments)
@@ -56,15 +53,14 @@ def after_rows(state: dict, updates: dict, lengths_B=None) -> dict:
   return dict(state, **{name: pick(name, value) for name, value in updates.items()})
 
 
-def close_segment(state: dict, start_B, start_prob_B, max_segments: int):
-  """(state once a segment starts at this token, closes [B]: the open segment closed (it is not the tail), its
-  mean [B, 1, D] in float32, its start probability [B])."""
-  closes_B = start_B & (state["completed"] < max_segments - 1)
+def close_segment(state: dict, boundary_B, max_segments: int):
+  """(state once this token's boundary closes the open segment (the token has joined it), closes [B]: the segment
+  closed (it is not the tail), its mean [B, 1, D] in float32)."""
+  closes_B = boundary_B & (state["completed"] < max_segments - 1)
   mean_BxD = state["sum"] / jnp.maximum(state["size"], 1)[:, None].astype(jnp.float32)
   new = dict(state, sum=jnp.where(closes_B[:, None], 0.0, state["sum"]), size=jnp.where(closes_B, 0, state["size"]),
-             completed=state["completed"] + closes_B.astype(jnp.int32),
-             start_prob=jnp.where(closes_B, start_prob_B, state["start_prob"]))
-  return new, closes_B, mean_BxD[:, None], state["start_prob"]
+             completed=state["completed"] + closes_B.astype(jnp.int32))
+  return new, closes_B, mean_BxD[:, None]
 
 
 def join_segment(state: dict, x_Bx1xD) -> dict:

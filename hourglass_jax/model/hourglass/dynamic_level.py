@@ -4,9 +4,9 @@ decisions -> segments -> their means (`DynamicShorten`), and each position's las
 
 Predictors ('boundaries'): 'whitespace' takes the decisions from outside (`whitespace_boundaries` of the bytes);
 'gumbel' learns them from the level's stream with a binomial prior toward the target rate 1/factor; 'routing'
-(H-Net, Hwang et al. 2025) starts a segment where adjacent positions differ (cosine routing), with H-Net's ratio
-loss and its smoothing of the segment outputs; 'entropy' (BLT, Pagnoni et al. 2024) closes one where the next-byte
-entropy of the level's own prediction head rises by more than a learned threshold.
+(H-Net, Hwang et al. 2025) closes a segment where a position differs from the one before (cosine routing), with
+H-Net's ratio loss and its smoothing of the segment outputs; 'entropy' (BLT, Pagnoni et al. 2024) closes one where
+the next-byte entropy of the level's own prediction head rises by more than a learned threshold.
 """
 
 import math
@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import optax
 from jax.scipy.special import gammaln
 
-from hourglass_jax.model.hourglass.dynamic import (pool_segments, positions_in_segments, segment_ids,
-                                                   segment_start_probs, smooth_segments, starts_from_boundaries,
-                                                   straight_through_weights, upsample_segments)
+from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
+                                                   segment_boundary_probs, segment_ids, smooth_segments,
+                                                   starts_from_boundaries, straight_through_weights,
+                                                   upsample_segments)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import dense, layer_norm
 
@@ -207,11 +208,13 @@ class PositionProjection(nn.Module):
 
 
 class Segments(NamedTuple):
-  """What up-sampling needs of a shortening: each position's segment id and straight-through weight, and for
-  'routing' each segment's start probability (the smoothing weights; None otherwise)."""
+  """What up-sampling needs of a shortening: each position's segment id, the segments completed at or before it
+  (`completed_segments`, what it reads) and its straight-through up-sampling weight, and for 'routing' each
+  segment's boundary probability (the smoothing weights; None otherwise)."""
   ids_BxL: jax.Array
+  completed_BxL: jax.Array
   weights_BxL: jax.Array | None
-  start_probs_BxM: jax.Array | None = None
+  boundary_probs_BxM: jax.Array | None = None
 
 
 def check_dynamic_settings(s, prefix: str) -> None:
@@ -260,9 +263,9 @@ class DynamicShorten(LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at boundaries predicted by
   `boundaries` ('gumbel', 'routing', 'entropy'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace').
   `factor` is the target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past
-  segment M-2 share the merged tail M-1, which no position reads. 'routing' decides b_t (close after t) from
-  positions t and t+1: H-Net starts a segment at t+1 where it differs from t. That is causal here: b_t only
-  changes which segment positions after t read.
+  segment M-2 share the merged tail M-1, which no position reads. Every predictor decides b_t from positions
+  <= t; 'routing' closes a segment at t where t differs from t-1 (H-Net's cut, with the new position ending the
+  old segment, so that t reads a segment that has seen it; b_0 = 0).
 
   Sows into 'losses' the boundary prior ('gumbel', 'entropy') or the ratio loss ('routing') times
   `boundary_loss_weight` ('entropy' adds its head's next-token loss when given `next_tokens_BxL`, -1 where there is
@@ -275,8 +278,8 @@ class DynamicShorten(LayerOptions):
   in its segment (`PositionProjection`, k matrices, later positions share the last; starts as the mean).
 
   Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and gets, per row of x,
-  (starts [B, T]: a segment starts at t, i.e. b_{t-1} = 1; start probabilities [B, T]; the state's 'boundary',
-  'key', 'entropy' and 'seen' after each of x's tokens [B, T, ...], as far as the predictor keeps them; the vectors
+  (boundaries b [B, T]; the router's probabilities [B, T] (ones for other predictors); the state's 'key',
+  'entropy' and 'seen' after each of x's tokens [B, T, ...], as far as the predictor keeps them; the vectors
   [B, T, D] that segments sum: x, or its projection for 'linear').
 
   `lengths_B` (a level inside another dynamic one, whose stream has empty segment slots at the end of each row)
@@ -299,14 +302,14 @@ class DynamicShorten(LayerOptions):
     check_int("DynamicShorten.factor", self.factor, 2)
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
     if previous is not None:
-      return self._starts(cfg, x_BxLxD, boundaries_BxL, previous, positions_L)
-    start_probs_BxL = None
+      return self._decode_boundaries(cfg, x_BxLxD, boundaries_BxL, previous, positions_L)
+    probs_BxL = None
     if self.boundaries == "routing":
-      start_probs_BxL = RoutingBoundaries(cfg, name="router")(x_BxLxD)
-      starts_BxL = (start_probs_BxL >= 0.5).astype(jnp.float32)
-      soft_BxL = starts_BxL + start_probs_BxL - jax.lax.stop_gradient(start_probs_BxL)  # straight-through
-      b_BxL = jnp.concatenate([soft_BxL[:, 1:], jnp.zeros_like(soft_BxL[:, :1])], axis=1)
-      self.sow("losses", "ratio_loss", self.boundary_loss_weight * ratio_loss(starts_BxL, start_probs_BxL,
+      probs_BxL = RoutingBoundaries(cfg, name="router")(x_BxLxD)
+      starts_BxL = (probs_BxL >= 0.5).astype(jnp.float32)
+      soft_BxL = starts_BxL + probs_BxL - jax.lax.stop_gradient(probs_BxL)  # straight-through
+      b_BxL = soft_BxL.at[:, 0].set(0.0)  # p_0 = 1 marks the row's start, which closes nothing
+      self.sow("losses", "ratio_loss", self.boundary_loss_weight * ratio_loss(starts_BxL, probs_BxL,
                                                                               self.factor, lengths_B))
     elif self.boundaries == "gumbel":
       b_BxL = self._gumbel(cfg)(x_BxLxD, deterministic)
@@ -326,18 +329,18 @@ class DynamicShorten(LayerOptions):
     self.sow("intermediates", "boundaries", hard_BxL)
     num_segments = max_segments(length, self.factor, self.segment_capacity)
     ids_BxL = segment_ids(hard_BxL, num_segments)
-    weights_BxL = straight_through_weights(b_BxL)
     if self.segment_pooling == "linear":
       x_BxLxD = self._project(cfg)(x_BxLxD, positions_in_segments(starts_from_boundaries(hard_BxL)))
-    z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, weights_BxL)
+    z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, straight_through_weights(b_BxL))
     valid_BxL = valid_positions(hard_BxL.shape, lengths_B)
     boundary_rate = masked_mean(hard_BxL, valid_BxL)
     self.sow("metrics", "boundary_rate", boundary_rate)
     self.sow("metrics", "shortening_rate", 1.0 / jnp.maximum(boundary_rate, 1.0 / length))
     self.sow("metrics", "segment_overflow", masked_mean(ids_BxL == num_segments - 1, valid_BxL))
-    start_probs_BxM = None if start_probs_BxL is None else segment_start_probs(
-        start_probs_BxL, starts_from_boundaries(hard_BxL), ids_BxL, num_segments)
-    return z_BxMxD, Segments(ids_BxL, weights_BxL, start_probs_BxM)
+    boundary_probs_BxM = None if probs_BxL is None else segment_boundary_probs(probs_BxL, hard_BxL, ids_BxL,
+                                                                               num_segments)
+    return z_BxMxD, Segments(ids_BxL, completed_segments(hard_BxL, num_segments),
+                             straight_through_weights(b_BxL, inclusive=True), boundary_probs_BxM)
 
   def _given(self, x_BxLxD, boundaries_BxL):
     if boundaries_BxL is None or boundaries_BxL.shape != x_BxLxD.shape[:2]:
@@ -352,23 +355,25 @@ class DynamicShorten(LayerOptions):
   def _project(self, cfg):
     return PositionProjection(cfg, self.factor, name="pool")
 
-  def _pooled(self, cfg, x_BxTxD, starts_BxT, previous):
-    """What cached decoding sums into segments: x, or for 'linear' pooling its projection by segment position."""
+  def _pooled(self, cfg, x_BxTxD, b_BxT, previous):
+    """What cached decoding sums into segments: x, or for 'linear' pooling its projection by segment position (the
+    count goes on from the open segment's size: a segment closed before x leaves size 0)."""
     if self.segment_pooling != "linear":
       return x_BxTxD
+    starts_BxT = jnp.concatenate([jnp.zeros_like(b_BxT[:, :1]), b_BxT[:, :-1]], axis=1)
     return self._project(cfg)(x_BxTxD, positions_in_segments(starts_BxT, previous["size"]))
 
   def _entropy(self, cfg):
     return EntropyBoundaries(cfg, self.vocab_size, self.gumbel_temperature, name="entropy")
 
-  def _starts(self, cfg, x_BxTxD, boundaries_BxT, previous, positions_T):
-    """Cached decoding (see the class doc): where segments start among x's rows, given the rows before."""
+  def _decode_boundaries(self, cfg, x_BxTxD, boundaries_BxT, previous, positions_T):
+    """Cached decoding (see the class doc): the boundaries among x's rows, given the rows before."""
     seen_BxT = jnp.ones(x_BxTxD.shape[:2], bool)
     if self.boundaries == "routing":
       p_BxT, key_BxTxD = RoutingBoundaries(cfg, name="router")(x_BxTxD, previous["key"], previous["seen"])
-      starts_BxT = (p_BxT >= 0.5).at[:, 0].set((p_BxT[:, 0] >= 0.5) & previous["seen"])
-      return (starts_BxT, p_BxT, dict(key=key_BxTxD.astype(previous["key"].dtype), seen=seen_BxT),
-              self._pooled(cfg, x_BxTxD, starts_BxT, previous))
+      b_BxT = (p_BxT >= 0.5).at[:, 0].set((p_BxT[:, 0] >= 0.5) & previous["seen"])
+      return (b_BxT, p_BxT, dict(key=key_BxTxD.astype(previous["key"].dtype), seen=seen_BxT),
+              self._pooled(cfg, x_BxTxD, b_BxT, previous))
     updates = {}
     if self.boundaries == "gumbel":
       b_BxT = self._gumbel(cfg)(x_BxTxD, True, positions_T) > 0.5
@@ -378,20 +383,18 @@ class DynamicShorten(LayerOptions):
       updates = dict(entropy=e_BxT, seen=seen_BxT)
     else:
       b_BxT = self._given(x_BxTxD, boundaries_BxT).astype(bool)
-    starts_BxT = jnp.concatenate([previous["boundary"][:, None], b_BxT[:, :-1]], axis=1)
-    return (starts_BxT, jnp.ones(starts_BxT.shape, jnp.float32), dict(updates, boundary=b_BxT),
-            self._pooled(cfg, x_BxTxD, starts_BxT, previous))
+    return b_BxT, jnp.ones(b_BxT.shape, jnp.float32), updates, self._pooled(cfg, x_BxTxD, b_BxT, previous)
 
 
 class DynamicUpsample(LayerOptions):
   """Segment outputs y [B, M, D], `Segments` and the residual r [B, L, D] -> LayerNorm(u) + r, where u[t] is the
-  output of the last segment completed strictly before t (zeros before the first boundary), smoothed over the
-  segments first where `Segments` has start probabilities ('routing', `smooth_segments`)."""
+  output of the newest segment completed at or before t (zeros before the first boundary), smoothed over the
+  segments first where `Segments` has boundary probabilities ('routing', `smooth_segments`)."""
 
   @nn.compact
   def __call__(self, y_BxMxD, segments: Segments, r_BxLxD):
     cfg = self.layer_config(r_BxLxD.shape[-1])
-    if segments.start_probs_BxM is not None:
-      y_BxMxD = smooth_segments(y_BxMxD, segments.start_probs_BxM)
-    u_BxLxD = upsample_segments(y_BxMxD, segments.ids_BxL, segments.weights_BxL)
+    if segments.boundary_probs_BxM is not None:
+      y_BxMxD = smooth_segments(y_BxMxD, segments.boundary_probs_BxM)
+    u_BxLxD = upsample_segments(y_BxMxD, segments.completed_BxL, segments.weights_BxL)
     return layer_norm(cfg, "output_norm")(u_BxLxD) + r_BxLxD
