@@ -13,8 +13,8 @@ split (bits per byte; for the learned ones also the boundary rate realised in ev
 Procedure, per corpus: each model's learning rate is the one of --learning_rates with the lowest validation bits per
 byte at the middle budget (the first seed); then every budget x seed trains with that rate. Runs are appended to
 results/<name>.json one at a time, and a rerun skips every run already recorded there (same corpus, model, budget,
-seed, rate, widths, shape, segment capacity), so the study can run in pieces: --max_minutes starts no run past that
-many minutes.
+seed, rate, widths, shape, segment capacity, read rule), so the study can run in pieces: --max_minutes starts no
+run past that many minutes.
 results/<name>.md (the table) and results/<name>.png (bits per byte against FLOPs) are rewritten from all recorded
 runs at the end of each call; --report_only rewrites them without training.
 """
@@ -281,7 +281,9 @@ def report(args, runs: list[dict], out_dir: pathlib.Path) -> pathlib.Path:
   path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, batch {args.batch} x "
                   f"{args.seq_len} bytes, no dropout, AdamW with 5% warmup and cosine decay; the rate picked per model "
                   f"from {args.learning_rates} at the middle budget (seed {sweep_seed}); learned models at segment "
-                  f"capacity {args.segment_capacity:g}.\n\n" + "\n".join(sections))
+                  f"capacity {args.segment_capacity:g}, each position reading a segment from its closing position on "
+                  f"(the learned runs of the earlier rule stay in {args.name}.json, unread).\n\n"
+                  + "\n".join(sections))
   if not args.no_plot and runs:
     from benchmarks import plots
     picked = [r for c in dict.fromkeys(r["corpus_id"] for r in runs) for r in chosen_runs(runs, c, budgets, sweep_seed)]

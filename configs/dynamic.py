@@ -3,9 +3,9 @@
 
     hourglass-train --config=configs/dynamic.py:gumbel --workdir=/tmp/dynamic   (or :whitespace, :routing, :entropy)
 
-'gumbel' learns where segments close (target: one boundary per 4 bytes); 'routing' (H-Net) starts one where
-adjacent positions differ, held near the same rate by its ratio loss (weight 0.03, as H-Net); 'entropy' (BLT) ends
-one where its own next-byte head gets less sure, with a learned threshold; 'whitespace' closes
+'gumbel' learns where segments close (target: one boundary per 4 bytes); 'routing' (H-Net) closes one at a
+position that differs from the one before, held near the same rate by its ratio loss (weight 0.03, as H-Net);
+'entropy' (BLT) ends one where its own next-byte head gets less sure, with a learned threshold; 'whitespace' closes
 one after each space, newline or punctuation byte (about one per 4.2 bytes of English). Two predictors
 (:whitespace,gumbel) nest two dynamic levels, each at factor 4: the second pools the first's segments ('gumbel' or
 'routing' there). The model section documents the fields."""
