@@ -15,7 +15,7 @@ it closed one. With M counted from the cache length, decoding equals the forward
 import jax
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.dynamic import pool_segments, segment_ids
+from hourglass_jax.model.hourglass.dynamic import completed_segments, pool_segments, segment_ids
 
 
 def new_segment_state(batch: int, d_model: int, dtype) -> dict:
@@ -31,7 +31,7 @@ def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int, lengths_B=None)
   length = x_BxPxD.shape[1]
   ids_BxP = segment_ids(boundaries_BxP, max_segments)
   z_BxMxD, _ = pool_segments(x_BxPxD, ids_BxP, max_segments)
-  completed_B = jnp.minimum(boundaries_BxP.astype(jnp.int32).sum(axis=1), max_segments - 1)
+  completed_B = completed_segments(boundaries_BxP, max_segments)[:, -1]
   open_BxP = ids_BxP == completed_B[:, None]  # the positions after the last boundary
   if lengths_B is not None:
     open_BxP &= jnp.arange(length)[None, :] < lengths_B[:, None]
