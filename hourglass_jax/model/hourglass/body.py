@@ -11,6 +11,7 @@ once every F tokens.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
@@ -182,7 +183,9 @@ class Hourglass(LayerOptions):
     """Runs the closing rows' segment means through the inner level, each at its own cache entry: the rows that
     close come first, in chunks of C = ceil(B / k) rows (about the rows that close per step at the target rate),
     each chunk under `nn.cond` (run while rows remain), so a step costs C rows of the inner level for each chunk
-    it needs rather than all B. Returns the newest outputs z [B, 1, D] and the inner cache."""
+    it needs rather than all B. A chunk's cache rows are sliced out and written back one row at a time, with the
+    rows axis first for the vmap: a gather over the batch axis and the vmap's axis moves copied the whole chunk's
+    cache several times a step (BENCHMARKS.md). Returns the newest outputs z [B, 1, D] and the inner cache."""
     batch = closes_B.shape[0]
     size = -(-batch // hierarchy.relative_factor(0))
     order_B = jnp.argsort(~closes_B, stable=True)
@@ -192,23 +195,26 @@ class Hourglass(LayerOptions):
     rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
                                                                                            entry),
                    variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
-                   in_axes=(0, axes, 0), out_axes=(0, axes))
+                   in_axes=0, out_axes=0)
 
     def chunk(start: int):
       def run(module, z_Bx1xD, inner):
         rows_C = order_B[start:start + size]
         valid_C = start + jnp.arange(rows_C.shape[0]) < count
-        old = each(lambda a, axis: jnp.take(a, rows_C, axis=axis), inner)
-        y_Cx1x1xD, new = rows(module, mean_Bx1xD[rows_C][:, None].astype(z_Bx1xD.dtype),
-                              each(lambda a, axis: jnp.expand_dims(a, axis + 1), old), entry_B[rows_C])
+        row = lambda a, axis, i: lax.dynamic_slice_in_dim(a, rows_C[i], 1, axis)  # its batch axis kept, size 1
+        picked = each(lambda a, axis: jnp.stack([row(a, axis, i) for i in range(rows_C.shape[0])]), inner)
+        y_Cx1x1xD, new = rows(module, mean_Bx1xD[rows_C][:, None].astype(z_Bx1xD.dtype), picked, entry_B[rows_C])
         y_Cx1xD = y_Cx1x1xD[:, 0]
         if closed_prob_B is not None:
           y_Cx1xD = smooth_step(z_Bx1xD[rows_C], y_Cx1xD, closed_prob_B[rows_C][:, None, None]).astype(
               z_Bx1xD.dtype)
         y_Cx1xD = take_rows(valid_C, y_Cx1xD, z_Bx1xD[rows_C])
-        new = each(lambda a, b, axis: take_rows(valid_C, jnp.squeeze(a, axis + 1), b, batch_axis=axis), new, old)
-        return (z_Bx1xD.at[rows_C].set(y_Cx1xD),
-                each(lambda a, b, axis: a.at[(slice(None),) * axis + (rows_C,)].set(b), inner, new))
+
+        def write_back(a, new_Cx, axis):  # in place, a row at a time; a chunk's unused rows keep their cache
+          for i in range(rows_C.shape[0]):
+            a = lax.dynamic_update_slice_in_dim(a, jnp.where(valid_C[i], new_Cx[i], row(a, axis, i)), rows_C[i], axis)
+          return a
+        return z_Bx1xD.at[rows_C].set(y_Cx1xD), each(write_back, inner, new)
       return run
 
     for start in range(0, batch, size):

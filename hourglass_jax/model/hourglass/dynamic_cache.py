@@ -67,10 +67,6 @@ def join_segment(state: dict, x_Bx1xD) -> dict:
   return dict(state, sum=state["sum"] + x_Bx1xD[:, 0].astype(jnp.float32), size=state["size"] + 1)
 
 
-def take_rows(closes_B, new, old, batch_axis: int = 0):
-  """`new` in the rows that close a segment, `old` elsewhere (trees; `batch_axis` of their leaves)."""
-  def pick(a, b):
-    shape = [1] * a.ndim
-    shape[batch_axis] = a.shape[batch_axis]
-    return jnp.where(closes_B.reshape(shape), a, b)
-  return jax.tree.map(pick, new, old)
+def take_rows(closes_B, new, old):
+  """`new` in the rows that close a segment, `old` elsewhere (trees of [B, ...] leaves)."""
+  return jax.tree.map(lambda a, b: jnp.where(closes_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
