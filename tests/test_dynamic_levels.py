@@ -136,12 +136,13 @@ def test_bad_nested_settings_are_named(overrides, message):
     small_config(**dict(NESTED, **overrides))
 
 
-@pytest.mark.parametrize("name", ["dynamic", "enwik8_dynamic"])
-def test_two_predictors_make_a_preset_of_two_dynamic_levels(name):
+@pytest.mark.parametrize("name, single_routing_weight", [("dynamic", 0.3), ("enwik8_dynamic", 0.03)])
+def test_two_predictors_make_a_preset_of_two_dynamic_levels(name, single_routing_weight):
   cfg = ModelConfig.from_dict(load_config(name, "whitespace,gumbel").model)
   assert cfg.parsed_hierarchy.depth == 2 and cfg.level_predictors == ("whitespace", "gumbel")
   assert cfg.boundary_loss_weight == 1.0
   assert load_config(name, "whitespace,routing").model.boundary_loss_weight == 0.03  # routing's is the only loss
+  assert load_config(name, "routing").model.boundary_loss_weight == single_routing_weight
   assert load_config(name, "gumbel,routing").model.boundary_loss_weight == 1.0
   with pytest.raises(ValueError, match="level 2 reads the segments of the level above"):
     load_config(name, "gumbel,whitespace")

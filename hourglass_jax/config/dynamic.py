@@ -9,9 +9,11 @@ ROUTING_RATIO_LOSS_WEIGHT = 0.03  # H-Net's alpha for its ratio loss
 
 
 def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, config_name: str,
-                            nested_hierarchy: str | None = None) -> ml_collections.ConfigDict:
+                            nested_hierarchy: str | None = None,
+                            routing_loss_weight: float = ROUTING_RATIO_LOSS_WEIGHT) -> ml_collections.ConfigDict:
   """`cfg` with shorten='dynamic' and boundaries=`predictor` (from the file's ':predictor' argument). Two names
-  ('whitespace,gumbel': the outer level's, then the inner one's) make it the two-level `nested_hierarchy`."""
+  ('whitespace,gumbel': the outer level's, then the inner one's) make it the two-level `nested_hierarchy`.
+  `routing_loss_weight` is the ratio loss's weight when every level with a loss routes."""
   names = [name.strip() for name in predictor.split(",")]
   for name in names:
     if name not in BOUNDARY_PREDICTORS:
@@ -28,5 +30,5 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
   cfg.model.update(shorten="dynamic", upsample="repeat", boundaries=",".join(names))
   learned = [name for name in names if name != "whitespace"]
   if learned and all(name == "routing" for name in learned):  # one weight serves every level: the prior's 1
-    cfg.model.boundary_loss_weight = ROUTING_RATIO_LOSS_WEIGHT  # unless every level with a loss routes
+    cfg.model.boundary_loss_weight = routing_loss_weight  # unless every level with a loss routes
   return cfg
