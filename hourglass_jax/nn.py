@@ -8,7 +8,8 @@ logical axis names on its parameters (so a mesh's rules shard it) and works insi
   Shorten / Upsample     x [B, L, D] <-> [B, L/k, D]: avg | linear | attention_avg | attention_linear, and
                          repeat | linear | attention_repeat | attention_linear | none
   DynamicShorten / DynamicUpsample  learned shortening: x [B, L, D] -> segment means [B, M, D] (boundaries
-                         'gumbel' / 'routing' / 'entropy' learned, or given: whitespace_boundaries(tokens)) and each position's last
+                         'gumbel' / 'routing' / 'entropy' learned, or given: whitespace_boundaries(tokens), or
+                         byte_mask(tokens, ...) with runs_BxL for run bytes) and each position's last
                          completed segment back (+ x)
   DecoderStack           pre-LN causal transformer blocks (scanned), ending with LayerNorm
   Hourglass              the whole hierarchy ('2@1 4@3 2@1') as one body; shorten='dynamic' for learned segments
@@ -23,7 +24,7 @@ Example (an Hourglass body over your own embeddings):
 """
 
 from hourglass_jax.model.hourglass import (BOUNDARY_PREDICTORS, SHORTEN_METHODS, UPSAMPLE_METHODS, DynamicShorten,
-                                          DynamicUpsample, Hourglass, Shorten, Upsample, shift_right,
+                                          DynamicUpsample, Hourglass, Shorten, Upsample, byte_mask, shift_right,
                                           whitespace_boundaries)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import LAYERS_AXIS, DecoderStack
@@ -31,4 +32,4 @@ from hourglass_jax.model.multiscale import BottomUp, Retina, TopDown
 
 __all__ = ["BOUNDARY_PREDICTORS", "LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack",
            "DynamicShorten", "DynamicUpsample", "Hourglass", "LayerConfig", "LayerOptions", "Retina", "Shorten",
-           "TopDown", "Upsample", "shift_right", "whitespace_boundaries"]
+           "TopDown", "Upsample", "byte_mask", "shift_right", "whitespace_boundaries"]

@@ -100,7 +100,8 @@ def test_every_model_field_can_be_overridden_from_the_command_line(field):
            "heads_per_scale": "2,2,4", "downsampler": "conv", "upsampler": "repeat", "retina_windows": "0:4,4:8,8:16",
            "attention_dropout": "0.2", "dropout": "0.1", "layer_norm_eps": "1e-5", "rope_base": "500.0",
            "vocab_size": "300", "d_model": "256", "num_heads": "4", "d_ff": "1024", "scan_unroll": "2",
-           "boundaries": "whitespace", "boundary_bytes": " .", "segment_capacity": "2.0", "gumbel_temperature": "1.0",
+           "boundaries": "whitespace", "boundary_bytes": " .", "boundary_run_bytes": " ",
+           "segment_capacity": "2.0", "gumbel_temperature": "1.0",
            "boundary_loss_weight": "0.5", "segment_pooling": "linear",
            "gumbel_evaluation": "sample"}[field]
   argv = ["prog", f"--config={CONFIGS / 'tiny.py'}", f"--config.model.{field}={other}"]

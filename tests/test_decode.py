@@ -16,7 +16,7 @@ from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
-from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, WHITESPACE_BYTES
 from tests.helpers import (SMALL, centered_gumbel_levels, dynamic_variables, quick_compiles,  # noqa: F401
                            small_config)
 
@@ -113,6 +113,7 @@ def describe(cfg):
     return f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.position}"
   dynamic = f" {cfg.boundaries} {cfg.segment_pooling}" if cfg.shorten == "dynamic" else ""
   dynamic += " sampled" if cfg.shorten == "dynamic" and cfg.gumbel_evaluation == "sample" else ""
+  dynamic += " runs" if cfg.shorten == "dynamic" and cfg.boundary_run_bytes else ""
   return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample}{dynamic} {cfg.position}"
 
 
@@ -164,9 +165,13 @@ DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p) for b in BOUN
                  for p in ("rope", "relative")] + [
                      small_config(**DYNAMIC, boundaries=b, position=p, segment_pooling="linear")
                      for b, p in zip(BOUNDARY_PREDICTORS, ("relative", "rope", "relative", "rope"))] + [
-                     small_config(**DYNAMIC, boundaries="gumbel", position="relative", gumbel_evaluation="sample")]
-DYNAMIC_QUICK = {0, 3, 4, 7, 9, 12}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative, gumbel/rope
-                                     # with linear pooling, gumbel sampled in evaluation; the rest: slow
+                     small_config(**DYNAMIC, boundaries="gumbel", position="relative", gumbel_evaluation="sample"),
+                     # runs of boundary bytes close one segment: TOKENS hold 10 such runs, merged across steps
+                     small_config(**DYNAMIC, boundaries="whitespace", position="relative",
+                                  boundary_run_bytes=WHITESPACE_BYTES.decode())]
+DYNAMIC_QUICK = {0, 3, 4, 7, 9, 12, 13}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative,
+                                         # gumbel/rope with linear pooling, gumbel sampled in evaluation, whitespace
+                                         # with run bytes; the rest: slow
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))

@@ -31,7 +31,8 @@ OTHER = dict(vocab_size=60, d_model=48, num_heads=2, d_ff=96, shorten="attention
              position="relative", dropout=0.1, attention_dropout=0.2, dtype="bfloat16", attention_impl="reference",
              layer_norm_eps=0.1, rope_base=50.0, scales="2,1", layers_per_scale="1,2", heads_per_scale="1,3",
              downsampler="conv", upsampler="repeat", retina_windows="0:3,3:8", remat_policy="nothing_saveable",
-             scan_unroll=0, boundaries="gumbel", boundary_bytes=" .", segment_capacity=0.2, gumbel_temperature=1.0,
+             scan_unroll=0, boundaries="gumbel", boundary_bytes=" .",
+             boundary_run_bytes=" \n\t.,;:!?\"'()[]{}-/", segment_capacity=0.2, gumbel_temperature=1.0,
              boundary_loss_weight=0.5, segment_pooling="linear",
              gumbel_evaluation="sample")
 OTHER_HIERARCHY = {"hourglass": "1@1 1@4 1@1", "dynamic": "1@1 1@4 1@1", "vanilla": "3@1", "topdown": "3@1",

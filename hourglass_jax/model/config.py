@@ -47,10 +47,12 @@ class ModelConfig(DerivedLayerSettings):
   upsample: str = _field("attention_repeat", function_of=("hourglass",))
   position: str = _field("rope", function_of=KINDS)
   # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS; one name, or one per shortened
-  # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`.
+  # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`,
+  # but a run of `boundary_run_bytes` closes one, after its first byte (' ': an indentation stays in one segment).
   # Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
   boundaries: str = _field("gumbel", function_of=(DYNAMIC,))
   boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
+  boundary_run_bytes: str = _field("", function_of=(DYNAMIC,))
   segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
   # 'mean' averages a segment's vectors; 'linear' averages W_s x + b, a matrix per position s < k in the segment.
   segment_pooling: str = _field("mean", function_of=(DYNAMIC,))
@@ -101,6 +103,11 @@ class ModelConfig(DerivedLayerSettings):
       if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
         raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
                          "(characters 0-255), e.g. ' \\n.,'.")
+      strays = sorted(set(self.boundary_run_bytes) - set(self.boundary_bytes))
+      if strays:
+        raise ValueError(f"model.boundary_run_bytes={self.boundary_run_bytes!r} has {''.join(strays)!r}, not in "
+                         "model.boundary_bytes: a run byte only merges boundaries that its byte makes. Add it to "
+                         "boundary_bytes, or drop it.")
 
   @property
   def dynamic(self) -> bool:

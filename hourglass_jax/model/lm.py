@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
+from hourglass_jax.model.hourglass.dynamic import byte_mask
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
 from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
@@ -71,8 +71,11 @@ class HourglassLM(nn.Module):
     last)."""
     cfg = self.cfg
     first = cfg.level_predictors[0] if cfg.dynamic else None  # the level that reads the bytes
-    if first == "whitespace":
-      return {"boundaries_BxL": whitespace_boundaries(tokens_BxL, cfg.boundary_bytes.encode("latin-1"))}
+    if first == "whitespace":  # with run bytes the level merges runs, across decoding steps as well
+      boundaries = {"boundaries_BxL": byte_mask(tokens_BxL, cfg.boundary_bytes.encode("latin-1"))}
+      if cfg.boundary_run_bytes:
+        boundaries["runs_BxL"] = byte_mask(tokens_BxL, cfg.boundary_run_bytes.encode("latin-1"))
+      return boundaries
     if first == "entropy" and targets:
       return {"next_tokens_BxL": jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)), constant_values=-1)}
     return {}

@@ -2,13 +2,14 @@
 shortening (dynamic.py: segment ops; dynamic_level.py: the modules) and the recursive body (body.py)."""
 
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES, whitespace_boundaries
+from hourglass_jax.model.hourglass.dynamic import (CODE_BOUNDARY_BYTES, WHITESPACE_BYTES, byte_mask,
+                                                   whitespace_boundaries)
 from hourglass_jax.model.hourglass.dynamic_level import (BOUNDARY_PREDICTORS, DynamicShorten, DynamicUpsample,
                                                          Segments, max_segments)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.hourglass.resampling import (SHORTEN_METHODS, UPSAMPLE_METHODS, Shorten, Upsample,
                                                       shift_right)
 
-__all__ = ["BOUNDARY_PREDICTORS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "WHITESPACE_BYTES", "DynamicShorten",
-           "DynamicUpsample", "Hierarchy", "Hourglass", "Segments", "Shorten", "Upsample", "max_segments",
-           "parse_hierarchy", "shift_right", "whitespace_boundaries"]
+__all__ = ["BOUNDARY_PREDICTORS", "CODE_BOUNDARY_BYTES", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "WHITESPACE_BYTES",
+           "DynamicShorten", "DynamicUpsample", "Hierarchy", "Hourglass", "Segments", "Shorten", "Upsample",
+           "byte_mask", "max_segments", "parse_hierarchy", "shift_right", "whitespace_boundaries"]

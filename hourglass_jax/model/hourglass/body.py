@@ -70,6 +70,10 @@ class Hourglass(LayerOptions):
 
   Cached decoding: `cache` from `new_cache` (entries in units of this stream), `position` None to prefill x's
   rows as entries 0.. (a prompt), else the (traced) entry of x's single row; returns (y, cache).
+
+  shorten='dynamic' with boundaries='whitespace' takes `boundaries_BxL` (`whitespace_boundaries(tokens)`), and
+  for run bytes whose runs close one segment `runs_BxL` (`byte_mask(tokens, run_bytes)`) beside
+  `byte_mask(tokens, boundary_bytes)` as the boundaries: cached decoding needs both to merge runs across steps.
   """
   hierarchy: str = "2@1 4@3 2@1"
   shorten: str = "attention_avg"
@@ -95,16 +99,18 @@ class Hourglass(LayerOptions):
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None,
-               next_tokens_BxL=None, lengths_B=None):
+               next_tokens_BxL=None, lengths_B=None, runs_BxL=None):
     hierarchy = parse_hierarchy(self.hierarchy)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     dynamic = self.shorten == "dynamic" and hierarchy.depth
     if cache is not None and dynamic:
-      return self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL, lengths_B)
+      return self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL, lengths_B,
+                                  runs_BxL)
     if cache is not None:
       return self._decode(hierarchy, options, x_BxLxD, cache, position)
     if dynamic:
-      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B)
+      return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B,
+                           runs_BxL)
     if not hierarchy.depth:
       return self._stack(hierarchy.levels[0][0], "layers", options)(x_BxLxD, deterministic)
     length = x_BxLxD.shape[1]
@@ -116,13 +122,14 @@ class Hourglass(LayerOptions):
     y_BxPxD = self._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
     return y_BxPxD[:, :length]
 
-  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B):
+  def _dynamic(self, hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B,
+               runs_BxL):
     """pre stack -> segments -> inner level over them -> each position's last completed segment + x -> post.
     `lengths_B`: a level inside another dynamic one, whose rows hold lengths_B segments, then empty slots."""
     x_BxLxD = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
     z_BxMxD, segments = self._dynamic_shorten(hierarchy, options)(x_BxLxD, deterministic, boundaries_BxL,
                                                                   next_tokens_BxL=next_tokens_BxL,
-                                                                  lengths_B=lengths_B)
+                                                                  lengths_B=lengths_B, runs_BxL=runs_BxL)
     z_BxMxD = self._inner(hierarchy, options)(z_BxMxD, deterministic,
                                               lengths_B=segments_holding(segments.ids_BxL, lengths_B))
     y_BxLxD = DynamicUpsample(**options, name="upsample")(z_BxMxD, segments, x_BxLxD)
@@ -139,7 +146,7 @@ class Hourglass(LayerOptions):
                           segment_pooling=self.segment_pooling, gumbel_evaluation=self.gumbel_evaluation, **options,
                           name="shorten")
 
-  def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT, lengths_B):
+  def _dynamic_decode(self, hierarchy, options, x_BxTxD, cache, position, boundaries_BxT, lengths_B, runs_BxT):
     """`_dynamic` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
     once; a token joins the open segment, closes it when its boundary says so, and reads the newest completed one.
     A prompt's `lengths_B` (a level inside another dynamic one) are its rows' token counts."""
@@ -149,7 +156,7 @@ class Hourglass(LayerOptions):
     x_BxTxD, cache["pre"] = self._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"],
                                                                                   index_T)
     b_BxT, probs_BxT, updates, pooled_BxTxD = self._dynamic_shorten(hierarchy, options)(
-        x_BxTxD, True, boundaries_BxT, previous=cache["segment"], positions_L=index_T)
+        x_BxTxD, True, boundaries_BxT, previous=cache["segment"], positions_L=index_T, runs_BxL=runs_BxT)
     state = after_rows(cache["segment"], updates, lengths_B)  # what the predictor keeps of the last token
     num_segments = max_segments(kv_cache.size(cache["pre"]), hierarchy.relative_factor(0), self.segment_capacity)
     smooth = self._predictors(hierarchy)[0] == "routing"

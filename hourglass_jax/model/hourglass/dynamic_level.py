@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import optax
 from jax.scipy.special import gammaln
 
-from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
-                                                   segment_boundary_probs, segment_ids, smooth_segments,
-                                                   starts_from_boundaries, straight_through_weights,
+from hourglass_jax.model.hourglass.dynamic import (completed_segments, merge_runs, pool_segments,
+                                                   positions_in_segments, segment_boundary_probs, segment_ids,
+                                                   smooth_segments, starts_from_boundaries, straight_through_weights,
                                                    upsample_segments)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import dense, layer_norm
@@ -261,7 +261,9 @@ def check_dynamic_level(hierarchy, upsample: str, boundaries: str, prefix: str) 
 
 class DynamicShorten(LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at boundaries predicted by
-  `boundaries` ('gumbel', 'routing', 'entropy'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace').
+  `boundaries` ('gumbel', 'routing', 'entropy'), or given as `boundaries_BxL` (bool [B, L]; 'whitespace'), less
+  those `merge_runs` drops when `runs_BxL` marks the positions of run bytes (cached decoding needs them to carry
+  the last token's mark across steps).
   `factor` is the target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past
   segment M-2 share the merged tail M-1, which no position reads. Every predictor decides b_t from positions
   <= t; 'routing' closes a segment at t where t differs from t-1 (H-Net's cut, with the new position ending the
@@ -279,7 +281,7 @@ class DynamicShorten(LayerOptions):
 
   Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and gets, per row of x,
   (boundaries b [B, T]; the router's probabilities [B, T] (ones for other predictors); the state's 'key',
-  'entropy' and 'seen' after each of x's tokens [B, T, ...], as far as the predictor keeps them; the vectors
+  'entropy', 'seen' and 'run' after each of x's tokens [B, T, ...], as far as the predictor keeps them; the vectors
   [B, T, D] that segments sum: x, or its projection for 'linear').
 
   `lengths_B` (a level inside another dynamic one, whose stream has empty segment slots at the end of each row)
@@ -296,13 +298,16 @@ class DynamicShorten(LayerOptions):
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, boundaries_BxL=None, previous=None, next_tokens_BxL=None,
-               positions_L=None, lengths_B=None):
+               positions_L=None, lengths_B=None, runs_BxL=None):
     check_dynamic_settings(self, "DynamicShorten.")
     check_choice("DynamicShorten.boundaries", self.boundaries, BOUNDARY_PREDICTORS)
     check_int("DynamicShorten.factor", self.factor, 2)
+    if runs_BxL is not None and self.boundaries != "whitespace":
+      raise ValueError(f"DynamicShorten(boundaries={self.boundaries!r}) got runs_BxL, which only 'whitespace' "
+                       "reads; drop it, or set boundaries='whitespace'.")
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
     if previous is not None:
-      return self._decode_boundaries(cfg, x_BxLxD, boundaries_BxL, previous, positions_L)
+      return self._decode_boundaries(cfg, x_BxLxD, boundaries_BxL, previous, positions_L, runs_BxL)
     probs_BxL = None
     if self.boundaries == "routing":
       probs_BxL = RoutingBoundaries(cfg, name="router")(x_BxLxD)
@@ -324,7 +329,7 @@ class DynamicShorten(LayerOptions):
         losses_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, jnp.maximum(next_tokens_BxL, 0))
         self.sow("losses", "entropy_head", jnp.sum(losses_BxL * valid_BxL) / jnp.maximum(valid_BxL.sum(), 1))
     else:
-      b_BxL = self._given(x_BxLxD, boundaries_BxL).astype(jnp.float32)
+      b_BxL = self._given(x_BxLxD, boundaries_BxL, runs_BxL).astype(jnp.float32)
     hard_BxL = b_BxL > 0.5
     self.sow("intermediates", "boundaries", hard_BxL)
     num_segments = max_segments(length, self.factor, self.segment_capacity)
@@ -342,12 +347,17 @@ class DynamicShorten(LayerOptions):
     return z_BxMxD, Segments(ids_BxL, completed_segments(hard_BxL, num_segments),
                              straight_through_weights(b_BxL, inclusive=True), boundary_probs_BxM)
 
-  def _given(self, x_BxLxD, boundaries_BxL):
+  def _given(self, x_BxLxD, boundaries_BxL, runs_BxL, run_before_B=None):
     if boundaries_BxL is None or boundaries_BxL.shape != x_BxLxD.shape[:2]:
       raise ValueError(f"DynamicShorten(boundaries='whitespace') needs boundaries_BxL of shape "
                        f"{x_BxLxD.shape[:2]} (got {None if boundaries_BxL is None else boundaries_BxL.shape}); "
                        "pass whitespace_boundaries(tokens), or use boundaries='gumbel' to learn them.")
-    return boundaries_BxL
+    if runs_BxL is None:
+      return boundaries_BxL.astype(bool)
+    if runs_BxL.shape != boundaries_BxL.shape:
+      raise ValueError(f"DynamicShorten: runs_BxL has shape {runs_BxL.shape}, boundaries_BxL "
+                       f"{boundaries_BxL.shape}; pass byte_mask(tokens, run_bytes) of the same tokens.")
+    return merge_runs(boundaries_BxL.astype(bool), runs_BxL.astype(bool), run_before_B)
 
   def _gumbel(self, cfg):
     return GumbelBoundaries(cfg, self.factor, self.gumbel_temperature, self.gumbel_evaluation, name="predictor")
@@ -366,7 +376,7 @@ class DynamicShorten(LayerOptions):
   def _entropy(self, cfg):
     return EntropyBoundaries(cfg, self.vocab_size, self.gumbel_temperature, name="entropy")
 
-  def _decode_boundaries(self, cfg, x_BxTxD, boundaries_BxT, previous, positions_T):
+  def _decode_boundaries(self, cfg, x_BxTxD, boundaries_BxT, previous, positions_T, runs_BxT):
     """Cached decoding (see the class doc): the boundaries among x's rows, given the rows before."""
     seen_BxT = jnp.ones(x_BxTxD.shape[:2], bool)
     if self.boundaries == "routing":
@@ -382,7 +392,8 @@ class DynamicShorten(LayerOptions):
       b_BxT = b_BxT > 0.5
       updates = dict(entropy=e_BxT, seen=seen_BxT)
     else:
-      b_BxT = self._given(x_BxTxD, boundaries_BxT).astype(bool)
+      b_BxT = self._given(x_BxTxD, boundaries_BxT, runs_BxT, previous["run"])
+      updates = {} if runs_BxT is None else dict(run=runs_BxT.astype(bool))
     return b_BxT, jnp.ones(b_BxT.shape, jnp.float32), updates, self._pooled(cfg, x_BxTxD, b_BxT, previous)
 
 
