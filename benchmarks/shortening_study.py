@@ -39,7 +39,7 @@ from benchmarks.common import (RESULTS, append_result, loadavg, parse_overrides,
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.config.dynamic import with_dynamic_shortening  # noqa: E402
-from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS  # noqa: E402
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES  # noqa: E402
 from hourglass_jax.train.checks import TrainError  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
@@ -52,6 +52,9 @@ MODELS = {
     **{f"dynamic_{predictor}": dict(hierarchy=SHORTENED, boundaries=predictor) for predictor in BOUNDARY_PREDICTORS},
     # 'gumbel' evaluated with training's draw: its threshold evaluation cuts far less often after short training
     "dynamic_gumbel_sampled": dict(hierarchy=SHORTENED, boundaries="gumbel", gumbel_evaluation="sample"),
+    # 'whitespace' for source code: every ASCII punctuation byte cuts, a run of spaces once (near 1/4 on Python)
+    "dynamic_whitespace_code": dict(hierarchy=SHORTENED, boundaries="whitespace",
+                                    boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" "),
 }
 LN2 = math.log(2.0)
 FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
