@@ -28,7 +28,7 @@ def program(x):
 x = jnp.ones(1 << 23)
 program(x).block_until_ready()
 faults = []
-for _ in range(16):
+for _ in range(32):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   program(x).block_until_ready()
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -48,7 +48,8 @@ def test_keeping_freed_memory_stops_the_per_execution_page_faults():
   kept, system = _faults("keep"), _faults("system")
   assert kept["changed"] and not system["changed"]
   # The default maps the 64 MiB buffer afresh each time (16k+ faults of 4 KiB pages). Kept, the heap grows over the
-  # first runs (16k faults each; under load a growth can come later) and then serves buffers from memory it has.
+  # first runs (16k faults each) and then serves buffers from memory it has. Under load a growth can come later (the
+  # 13th run once, at load 6-11), so the test judges the last 8 of 32.
   per_run = statistics.median(system["faults"])
   assert per_run > 16_000, system
   assert statistics.median(kept["faults"][-8:]) < per_run / 10, (kept, system)
