@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Bytes after which the 'whitespace' predictor closes a segment: space, newline, tab and ASCII punctuation.
+# Bytes after which the 'whitespace' predictor closes a segment: space, newline, tab and common ASCII punctuation.
 WHITESPACE_BYTES = b" \n\t" + bytes(sorted(set(b".,;:!?\"'()[]{}-/")))
 # Every ASCII punctuation byte as well: with run_bytes=' ' it cuts source code near one boundary in 4 bytes.
 CODE_BOUNDARY_BYTES = b" \n\t" + bytes(sorted(set(string.punctuation.encode())))
