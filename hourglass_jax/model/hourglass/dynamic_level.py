@@ -393,7 +393,8 @@ class DynamicShorten(LayerOptions):
       updates = dict(entropy=e_BxT, seen=seen_BxT)
     else:
       b_BxT = self._given(x_BxTxD, boundaries_BxT, runs_BxT, previous["run"])
-      updates = {} if runs_BxT is None else dict(run=runs_BxT.astype(bool))
+      if runs_BxT is not None:
+        updates = dict(run=runs_BxT.astype(bool))
     return b_BxT, jnp.ones(b_BxT.shape, jnp.float32), updates, self._pooled(cfg, x_BxTxD, b_BxT, previous)
 
 
