@@ -2,19 +2,21 @@
 fixed-factor Hourglass (avg, linear and attention resampling) and each learned-shortening predictor.
 
     .venv/bin/python benchmarks/shortening_study.py [--corpus PATH] [--models vanilla,fixed_avg,...]
-        [--budgets_tflop 1,4,16] [--learning_rates 1e-3,3e-3,1e-2] [--seeds 0,1] [--max_minutes M] [--quick]
+        [--budgets_tflop 1,4,16] [--learning_rates 1e-3,3e-3,1e-2] [--seeds 0,1] [--layers 2,4,2]
+        [--max_minutes M] [--quick]
 
 Every model has the same widths (d 128 / 4 heads / ff 512 by default, no dropout) and trains on the same data order,
 batch and length; the shortened ones use `2@1 4@4 2@1` (factor 4; the learned ones aim at one boundary per 4 bytes
-with --segment_capacity 1.0: as many segment slots as the fixed level has), vanilla `8@1`. A run trains for budget /
-(the model's analytic FLOPs per step) steps with a cosine schedule after 5% warmup, then scores the whole validation
-split (bits per byte; for the learned ones also the boundary rate realised in evaluation).
+with --segment_capacity 1.0: as many segment slots as the fixed level has), vanilla `8@1`. --layers 2,8,2 gives the
+shortened level most of the layers instead (`2@1 8@4 2@1`, vanilla `12@1`), as Nawrot et al. 2023 do. A run trains
+for budget / (the model's analytic FLOPs per step) steps with a cosine schedule after 5% warmup, then scores the
+whole validation split (bits per byte; for the learned ones also the boundary rate realised in evaluation).
 
 Procedure, per corpus: each model's learning rate is the one of --learning_rates with the lowest validation bits per
 byte at the middle budget (the first seed); then every budget x seed trains with that rate. Runs are appended to
 results/<name>.json one at a time, and a rerun skips every run already recorded there (same corpus, model, budget,
-seed, rate, widths, shape, segment capacity, read rule), so the study can run in pieces: --max_minutes starts no
-run past that many minutes.
+seed, rate, widths, layers, shape, segment capacity, read rule), so the study can run in pieces: --max_minutes starts
+no run past that many minutes.
 results/<name>.md (the table) and results/<name>.png (bits per byte against FLOPs) are rewritten from all recorded
 runs at the end of each call; --report_only rewrites them without training.
 """
@@ -43,17 +45,18 @@ from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYT
 from hourglass_jax.train.checks import TrainError  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
-SHORTENED = "2@1 4@4 2@1"
-MODELS = {
-    "vanilla": dict(kind="vanilla", hierarchy="8@1"),
-    "fixed_avg": dict(hierarchy=SHORTENED, shorten="avg", upsample="repeat"),
-    "fixed_linear": dict(hierarchy=SHORTENED, shorten="linear", upsample="linear"),
-    "fixed_attention": dict(hierarchy=SHORTENED, shorten="attention_avg", upsample="attention_repeat"),
-    **{f"dynamic_{predictor}": dict(hierarchy=SHORTENED, boundaries=predictor) for predictor in BOUNDARY_PREDICTORS},
+FACTOR = 4
+LAYERS = "2,4,2"  # blocks before, inside and after the shortened level (the runs recorded without `layers`)
+MODELS = {  # each model's settings besides its hierarchy, which `hierarchy` builds from --layers
+    "vanilla": dict(kind="vanilla"),
+    "fixed_avg": dict(shorten="avg", upsample="repeat"),
+    "fixed_linear": dict(shorten="linear", upsample="linear"),
+    "fixed_attention": dict(shorten="attention_avg", upsample="attention_repeat"),
+    **{f"dynamic_{predictor}": dict(boundaries=predictor) for predictor in BOUNDARY_PREDICTORS},
     # 'gumbel' evaluated with training's draw: its threshold evaluation cuts far less often after short training
-    "dynamic_gumbel_sampled": dict(hierarchy=SHORTENED, boundaries="gumbel", gumbel_evaluation="sample"),
+    "dynamic_gumbel_sampled": dict(boundaries="gumbel", gumbel_evaluation="sample"),
     # 'whitespace' for source code: every ASCII punctuation byte cuts, a run of spaces once (near 1/4 on Python)
-    "dynamic_whitespace_code": dict(hierarchy=SHORTENED, boundaries="whitespace",
+    "dynamic_whitespace_code": dict(boundaries="whitespace",
                                     boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" "),
 }
 LN2 = math.log(2.0)
@@ -75,6 +78,8 @@ def parse_args(argv=None):
   parser.add_argument("--seq_len", type=int, default=256)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--model", default="d_model=128,num_heads=4,d_ff=512", help="width overrides (every model)")
+  parser.add_argument("--layers", default=LAYERS, help="blocks before,inside,after the shortened level (vanilla: "
+                                                       "their sum at full length)")
   parser.add_argument("--segment_capacity", type=float, default=1.0,
                       help="the learned models' segment slots, times the target count L/k (model.segment_capacity); "
                            "1.0 gives the center the fixed level's slots and FLOPs")
@@ -89,6 +94,9 @@ def parse_args(argv=None):
   unknown = [m for m in args.models.split(",") if m not in MODELS]
   if unknown:
     parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+  layers = args.layers.split(",")
+  if len(layers) != 3 or not all(n.isdigit() and int(n) > 0 for n in layers):
+    parser.error(f"--layers={args.layers}: give three positive block counts, before,inside,after (e.g. 2,8,2)")
   budgets = floats(args.budgets_tflop)
   if budgets != sorted(budgets) or len(set(budgets)) != len(budgets):
     parser.error(f"--budgets_tflop={args.budgets_tflop}: give distinct budgets in ascending order")
@@ -97,6 +105,14 @@ def parse_args(argv=None):
 
 def floats(text: str) -> list[float]:
   return [float(x) for x in text.split(",")]
+
+
+def hierarchy(args, model: str) -> str:
+  """`model`'s hierarchy at --layers: `pre@1 inside@FACTOR post@1`, or one full-length stack of them all."""
+  before, inside, after = (int(n) for n in args.layers.split(","))
+  if MODELS[model].get("kind") == "vanilla":
+    return f"{before + inside + after}@1"
+  return f"{before}@1 {inside}@{FACTOR} {after}@1"
 
 
 def corpus_facts(path: str) -> dict:
@@ -115,7 +131,7 @@ def study_config(args, model: str, budget_tflop: float, seed: int, learning_rate
   overrides = dict(MODELS[model])
   predictor = overrides.pop("boundaries", None)
   cfg = bench_config("hourglass", args.seq_len, args.batch, dropout=0.0, **parse_overrides(args.model))
-  cfg.model.update(overrides)
+  cfg.model.update(overrides, hierarchy=hierarchy(args, model))
   if predictor:
     cfg = with_dynamic_shortening(cfg, predictor, "shortening_study")
     cfg.model.segment_capacity = args.segment_capacity
@@ -160,6 +176,7 @@ def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning
   slots = capacity(args, model)
   suffix = "" if slots in (None, FIRST_CAPACITY) else f"|capacity{slots:g}"
   suffix += f"|read-{segment_read(model)}" if segment_read(model) else ""
+  suffix += "" if args.layers == LAYERS else f"|layers{args.layers.replace(',', '-')}"
   return (f"{corpus_id}|{model}|{budget:g}T|seed{seed}|lr{learning_rate:g}|{args.model}|{args.batch}x{args.seq_len}"
           f"{suffix}")
 
@@ -183,10 +200,11 @@ def train_once(cfg) -> dict:
 
 
 def recorded_runs(args, path: pathlib.Path) -> list[dict]:
-  """The runs in the results file at this call's widths, shape, segment capacity and read rule (others stay in the
-  file, unread)."""
+  """The runs in the results file at this call's widths, layers, shape, segment capacity and read rule (others stay
+  in the file, unread)."""
   runs = json.loads(path.read_text()) if path.exists() else []
-  return [r for r in runs if (r["widths"], r["batch"], r["seq_len"]) == (args.model, args.batch, args.seq_len)
+  shape = (args.model, args.layers, args.batch, args.seq_len)
+  return [r for r in runs if (r["widths"], r.get("layers", LAYERS), r["batch"], r["seq_len"]) == shape
           and recorded_capacity(r) == capacity(args, r["model"]) and recorded_read(r) == segment_read(r["model"])]
 
 
@@ -281,7 +299,8 @@ def report(args, runs: list[dict], out_dir: pathlib.Path) -> pathlib.Path:
     text = table(runs, corpus_id, budgets, models, sweep_seed, len(floats(args.learning_rates)))
     sections.append(f"## {description}\n\n{text}\n")
   path = out_dir / f"{args.name}.md"
-  path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, batch {args.batch} x "
+  path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, hierarchy "
+                  f"`{hierarchy(args, 'fixed_avg')}` (vanilla `{hierarchy(args, 'vanilla')}`), batch {args.batch} x "
                   f"{args.seq_len} bytes, no dropout, AdamW with 5% warmup and cosine decay; the rate picked per model "
                   f"from {args.learning_rates} at the middle budget (seed {sweep_seed}); learned models at segment "
                   f"capacity {args.segment_capacity:g}, each position reading a segment from its closing position on "
@@ -315,7 +334,7 @@ def main(argv=None) -> list[dict]:
                corpus=corpus["description"], stage=stage, model=model, budget_tflop=budget, seed=seed,
                learning_rate=learning_rate, steps=cfg.train.steps, flops_per_step=model_flops(cfg),
                hierarchy=cfg.model.hierarchy, segment_capacity=capacity(args, model),
-               segment_read=segment_read(model), widths=args.model,
+               segment_read=segment_read(model), widths=args.model, layers=args.layers,
                batch=args.batch, seq_len=args.seq_len,
                **train_once(cfg), load=loadavg())
     append_result(args.name, run, out_dir)

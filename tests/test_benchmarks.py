@@ -134,6 +134,25 @@ def test_shortening_study_keeps_each_segment_capacity_and_read_rule_apart(tmp_pa
   assert steps[1.5, "dynamic_whitespace"] < 0.95 * steps[1.0, "fixed_avg"] <= steps[1.0, "dynamic_whitespace"]
 
 
+def test_shortening_study_layers_set_every_hierarchy_and_keep_their_runs_apart(tmp_path):
+  default, deep = shortening_study.parse_args([]), shortening_study.parse_args(["--layers", "2,8,2"])
+  hierarchies = {(args.layers, m): shortening_study.study_config(args, m, 4.0, 0, 3e-3).model.hierarchy
+                 for args in (default, deep) for m in ("vanilla", "fixed_avg", "dynamic_whitespace_code")}
+  assert hierarchies == {("2,4,2", "vanilla"): "8@1", ("2,4,2", "fixed_avg"): "2@1 4@4 2@1",
+                         ("2,4,2", "dynamic_whitespace_code"): "2@1 4@4 2@1", ("2,8,2", "vanilla"): "12@1",
+                         ("2,8,2", "fixed_avg"): "2@1 8@4 2@1", ("2,8,2", "dynamic_whitespace_code"): "2@1 8@4 2@1"}
+  assert "layers" not in shortening_study.run_key(default, "c", "fixed_avg", 4.0, 0, 3e-3)  # the recorded keys
+  assert shortening_study.run_key(deep, "c", "fixed_avg", 4.0, 0, 3e-3).endswith("|layers2-8-2")
+  shape = dict(model="fixed_avg", widths=default.model, batch=default.batch, seq_len=default.seq_len)
+  runs = [dict(shape), dict(shape, layers="2,4,2"), dict(shape, layers="2,8,2")]  # the first recorded without
+  (tmp_path / "study.json").write_text(json.dumps(runs))
+  assert shortening_study.recorded_runs(default, tmp_path / "study.json") == runs[:2]
+  assert shortening_study.recorded_runs(deep, tmp_path / "study.json") == runs[2:]
+  for bad in ("2,8", "2,0,2", "2,x,2"):
+    with pytest.raises(SystemExit):
+      shortening_study.parse_args(["--layers", bad])
+
+
 def test_shortening_study_stops_with_a_message_when_training_is_interrupted(monkeypatch):
   monkeypatch.setattr(shortening_study, "train_and_evaluate",
                       lambda cfg, workdir, log: dict(stopped="preempted", step=7, eval=None, losses={}))
