@@ -58,6 +58,9 @@ MODELS = {  # each model's settings besides its hierarchy, which `hierarchy` bui
     # 'whitespace' for source code: every ASCII punctuation byte cuts, a run of spaces once (near 1/4 on Python)
     "dynamic_whitespace_code": dict(boundaries="whitespace",
                                     boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" "),
+    # the same cuts, each segment pooled as the mean of W_s x_t + b by position s in it (segment_pooling='linear')
+    "dynamic_whitespace_code_linear": dict(boundaries="whitespace", boundary_bytes=CODE_BOUNDARY_BYTES.decode(),
+                                           boundary_run_bytes=" ", segment_pooling="linear"),
 }
 LN2 = math.log(2.0)
 FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
@@ -298,13 +301,16 @@ def report(args, runs: list[dict], out_dir: pathlib.Path) -> pathlib.Path:
     description = next(r["corpus"] for r in runs if r["corpus_id"] == corpus_id)
     text = table(runs, corpus_id, budgets, models, sweep_seed, len(floats(args.learning_rates)))
     sections.append(f"## {description}\n\n{text}\n")
-  path = out_dir / f"{args.name}.md"
+  path, results = out_dir / f"{args.name}.md", out_dir / f"{args.name}.json"
+  earlier = [r for r in (json.loads(results.read_text()) if results.exists() else [])
+             if recorded_read(r) not in (None, SEGMENT_READ)]
+  unread = f" (the learned runs of the earlier rule stay in {args.name}.json, unread)" if earlier else ""
   path.write_text(f"# Compute-matched shortening study ({args.name})\n\nWidths {args.model}, hierarchy "
                   f"`{hierarchy(args, 'fixed_avg')}` (vanilla `{hierarchy(args, 'vanilla')}`), batch {args.batch} x "
                   f"{args.seq_len} bytes, no dropout, AdamW with 5% warmup and cosine decay; the rate picked per model "
                   f"from {args.learning_rates} at the middle budget (seed {sweep_seed}); learned models at segment "
-                  f"capacity {args.segment_capacity:g}, each position reading a segment from its closing position on "
-                  f"(the learned runs of the earlier rule stay in {args.name}.json, unread).\n\n"
+                  f"capacity {args.segment_capacity:g}, each position reading a segment from its closing position "
+                  f"on{unread}.\n\n"
                   + "\n".join(sections))
   if not args.no_plot and runs:
     from benchmarks import plots

@@ -153,6 +153,17 @@ def test_shortening_study_layers_set_every_hierarchy_and_keep_their_runs_apart(t
       shortening_study.parse_args(["--layers", bad])
 
 
+def test_shortening_study_report_mentions_unread_runs_of_the_earlier_read_rule_only_when_there_are_some(tmp_path):
+  args = shortening_study.parse_args(["--models", "fixed_avg", "--budgets_tflop", "4", "--learning_rates", "3e-3",
+                                      "--seeds", "0", "--no_plot", "--results", str(tmp_path)])
+  fixed = dict(_study_run(args, "fixed_avg", 4.0, 0, 3e-3, 2.0), corpus="a corpus")
+  for runs, mentioned in (([fixed], False), ([fixed, dict(model="dynamic_gumbel")], True)):
+    (tmp_path / "shortening_study.json").write_text(json.dumps(runs))
+    text = shortening_study.report(args, [fixed], tmp_path).read_text()
+    assert "| fixed_avg | 0.003 | 2.000 (1) |" in text
+    assert ("earlier rule stay in shortening_study.json, unread" in text) == mentioned
+
+
 def test_shortening_study_stops_with_a_message_when_training_is_interrupted(monkeypatch):
   monkeypatch.setattr(shortening_study, "train_and_evaluate",
                       lambda cfg, workdir, log: dict(stopped="preempted", step=7, eval=None, losses={}))
