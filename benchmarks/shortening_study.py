@@ -111,7 +111,7 @@ def floats(text: str) -> list[float]:
 
 
 def hierarchy(args, model: str) -> str:
-  """`model`'s hierarchy at --layers: `pre@1 inside@FACTOR post@1`, or one full-length stack of them all."""
+  """`model`'s hierarchy at --layers: `before@1 inside@FACTOR after@1`, or one full-length stack of them all."""
   before, inside, after = (int(n) for n in args.layers.split(","))
   if MODELS[model].get("kind") == "vanilla":
     return f"{before + inside + after}@1"
