@@ -47,6 +47,8 @@ from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
 FACTOR = 4
 LAYERS = "2,4,2"  # blocks before, inside and after the shortened level (the runs recorded without `layers`)
+# 'whitespace' for source code: every ASCII punctuation byte cuts, a run of spaces once (near 1/4 on Python)
+WHITESPACE_CODE = dict(boundaries="whitespace", boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" ")
 MODELS = {  # each model's settings besides its hierarchy, which `hierarchy` builds from --layers
     "vanilla": dict(kind="vanilla"),
     "fixed_avg": dict(shorten="avg", upsample="repeat"),
@@ -55,12 +57,9 @@ MODELS = {  # each model's settings besides its hierarchy, which `hierarchy` bui
     **{f"dynamic_{predictor}": dict(boundaries=predictor) for predictor in BOUNDARY_PREDICTORS},
     # 'gumbel' evaluated with training's draw: its threshold evaluation cuts far less often after short training
     "dynamic_gumbel_sampled": dict(boundaries="gumbel", gumbel_evaluation="sample"),
-    # 'whitespace' for source code: every ASCII punctuation byte cuts, a run of spaces once (near 1/4 on Python)
-    "dynamic_whitespace_code": dict(boundaries="whitespace",
-                                    boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" "),
+    "dynamic_whitespace_code": WHITESPACE_CODE,
     # the same cuts, each segment pooled as the mean of W_s x_t + b by position s in it (segment_pooling='linear')
-    "dynamic_whitespace_code_linear": dict(boundaries="whitespace", boundary_bytes=CODE_BOUNDARY_BYTES.decode(),
-                                           boundary_run_bytes=" ", segment_pooling="linear"),
+    "dynamic_whitespace_code_linear": dict(WHITESPACE_CODE, segment_pooling="linear"),
 }
 LN2 = math.log(2.0)
 FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
