@@ -134,7 +134,7 @@ def test_shortening_study_keeps_each_segment_capacity_and_read_rule_apart(tmp_pa
   assert steps[1.5, "dynamic_whitespace"] < 0.95 * steps[1.0, "fixed_avg"] <= steps[1.0, "dynamic_whitespace"]
 
 
-def test_shortening_study_layers_set_every_hierarchy_and_keep_their_runs_apart(tmp_path):
+def test_shortening_study_layers_set_every_hierarchy_and_keep_their_runs_apart(tmp_path, capsys):
   default, deep = shortening_study.parse_args([]), shortening_study.parse_args(["--layers", "2,8,2"])
   hierarchies = {(args.layers, m): shortening_study.study_config(args, m, 4.0, 0, 3e-3).model.hierarchy
                  for args in (default, deep) for m in ("vanilla", "fixed_avg", "dynamic_whitespace_code")}
@@ -151,6 +151,8 @@ def test_shortening_study_layers_set_every_hierarchy_and_keep_their_runs_apart(t
   for bad in ("2,8", "2,0,2", "2,x,2"):
     with pytest.raises(SystemExit):
       shortening_study.parse_args(["--layers", bad])
+    assert f"--layers={bad}: give three positive block counts, before,inside,after (e.g. 2,8,2)" in \
+        capsys.readouterr().err
 
 
 def test_shortening_study_report_mentions_unread_runs_of_the_earlier_read_rule_only_when_there_are_some(tmp_path):
