@@ -13,7 +13,8 @@ for budget / (the model's analytic FLOPs per step) steps with a cosine schedule 
 whole validation split (bits per byte; for the learned ones also the boundary rate realised in evaluation).
 
 Procedure, per corpus: each model's learning rate is the one of --learning_rates with the lowest validation bits per
-byte at the middle budget (the first seed); then every budget x seed trains with that rate. Runs are appended to
+byte at the middle budget (the first seed; of an even count of budgets the lower middle, so --budgets_tflop
+1,4,16,64 reuses the sweep of 1,4,16); then every budget x seed trains with that rate. Runs are appended to
 results/<name>.json one at a time, and a rerun skips every run already recorded there (same corpus, model, budget,
 seed, rate, widths, layers, shape, segment capacity, read rule), so the study can run in pieces: --max_minutes starts
 no run past that many minutes.
@@ -214,6 +215,12 @@ def score(run: dict) -> float:
   return run["valid_bits"] if run.get("valid_bits") is not None else math.inf
 
 
+def sweep_budget(budgets: list[float]) -> float:
+  """The middle budget, where the rates are swept: of an even count the lower middle, so adding a larger budget to a
+  finished study reuses its sweep."""
+  return budgets[(len(budgets) - 1) // 2]
+
+
 def pick_learning_rates(runs: list[dict], corpus_id: str, middle: float, seed: int = 0) -> dict:
   """{model: the rate with the lowest validation bits per byte at the middle budget and the sweep's seed}."""
   best = {}
@@ -228,7 +235,7 @@ def planned_runs(args, corpus_id: str, runs: list[dict]) -> list[tuple]:
   """(stage, model, budget, seed, rate) still to train, in order: the rate sweep, then each budget's seeds."""
   budgets, rates = floats(args.budgets_tflop), floats(args.learning_rates)
   seeds, models = [int(s) for s in args.seeds.split(",")], args.models.split(",")
-  middle, done = budgets[len(budgets) // 2], {run["key"] for run in runs}
+  middle, done = sweep_budget(budgets), {run["key"] for run in runs}
   plan = [("sweep", m, middle, seeds[0], lr) for lr in rates for m in models]
   if all(run_key(args, corpus_id, *p[1:]) in done for p in plan):  # swept: each model's best rate is known
     chosen = pick_learning_rates(runs, corpus_id, middle, seeds[0])
@@ -248,7 +255,7 @@ def boundary_rate(run: dict) -> float | None:
 
 def chosen_runs(runs: list[dict], corpus_id: str, budgets: list[float], sweep_seed: int = 0) -> list[dict]:
   """The corpus's runs at each model's chosen rate (the sweep's best at the middle budget)."""
-  chosen = pick_learning_rates(runs, corpus_id, budgets[len(budgets) // 2], sweep_seed)
+  chosen = pick_learning_rates(runs, corpus_id, sweep_budget(budgets), sweep_seed)
   return [r for r in runs if r["corpus_id"] == corpus_id and r["learning_rate"] == chosen.get(r["model"])
           and r["budget_tflop"] in budgets]
 
@@ -258,7 +265,7 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
   """Markdown: per model its chosen rate, mean validation bits per byte (seeds) at each budget, and the evaluation
   boundary rate of the learned ones; then, per budget, the gap of the best learned model to fixed_avg and vanilla.
   A rate is marked '*' while fewer than `sweep_rates` rates have been tried at the middle budget."""
-  chosen = pick_learning_rates(runs, corpus_id, budgets[len(budgets) // 2], sweep_seed)
+  chosen = pick_learning_rates(runs, corpus_id, sweep_budget(budgets), sweep_seed)
   picked = chosen_runs(runs, corpus_id, budgets, sweep_seed)
   cell, lines = {(m, b): [r for r in picked if r["model"] == m and r["budget_tflop"] == b]
                  for m in models for b in budgets}, []
@@ -275,7 +282,7 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
                for name in ("boundary_rate", "segment_overflow")}
     rate_text, overflow_text = (f"{statistics.mean(v):.3f}" if v else "" for v in learned.values())
     tried = {r["learning_rate"] for r in runs if r["corpus_id"] == corpus_id and r["model"] == model
-             and r["budget_tflop"] == budgets[len(budgets) // 2] and r["seed"] == sweep_seed}
+             and r["budget_tflop"] == sweep_budget(budgets) and r["seed"] == sweep_seed}
     mark = "*" if len(tried) < sweep_rates else ""
     lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values)
                  + f" | {rate_text} | {overflow_text} |")

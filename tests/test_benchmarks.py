@@ -98,16 +98,29 @@ def test_shortening_study_sweeps_rates_at_the_middle_budget_then_trains_every_bu
   assert ("grid", "vanilla", 4.0, 0, 3e-3) not in grid and ("grid", "vanilla", 4.0, 1, 3e-3) in grid
 
 
+def test_shortening_study_adding_a_larger_budget_reuses_the_sweep_and_trains_only_the_new_budget():
+  assert [shortening_study.sweep_budget(b) for b in ([1.0], [1.0, 4.0], [1.0, 4.0, 16.0], [1.0, 4.0, 16.0, 64.0])] \
+      == [1.0, 1.0, 4.0, 4.0]
+  finished = shortening_study.parse_args(["--models", "fixed_avg", "--budgets_tflop", "1,4,16",
+                                          "--learning_rates", "1e-3,3e-3", "--seeds", "0"])
+  runs = [_study_run(finished, "fixed_avg", 4.0, 0, 1e-3, 2.3), _study_run(finished, "fixed_avg", 4.0, 0, 3e-3, 2.2),
+          _study_run(finished, "fixed_avg", 1.0, 0, 3e-3, 3.0), _study_run(finished, "fixed_avg", 16.0, 0, 3e-3, 1.8)]
+  assert shortening_study.planned_runs(finished, "corpus", runs) == []
+  larger = shortening_study.parse_args(["--models", "fixed_avg", "--budgets_tflop", "1,4,16,64",
+                                        "--learning_rates", "1e-3,3e-3", "--seeds", "0"])
+  assert shortening_study.planned_runs(larger, "corpus", runs) == [("grid", "fixed_avg", 64.0, 0, 3e-3)]
+
+
 def test_shortening_study_table_reports_chosen_rates_means_and_the_gap_to_fixed():
-  args = shortening_study.parse_args(["--models", "fixed_avg,dynamic_routing", "--budgets_tflop", "1,4",
+  args = shortening_study.parse_args(["--models", "fixed_avg,dynamic_routing", "--budgets_tflop", "1,4,16",
                                       "--learning_rates", "1e-3,3e-3", "--seeds", "0,1"])
   runs = [_study_run(args, "fixed_avg", 4.0, 0, 1e-3, 2.0), _study_run(args, "fixed_avg", 4.0, 0, 3e-3, 2.2),
           _study_run(args, "fixed_avg", 4.0, 1, 1e-3, 2.2), _study_run(args, "fixed_avg", 1.0, 0, 1e-3, 3.0),
           _study_run(args, "dynamic_routing", 4.0, 0, 3e-3, 1.9, 0.24),
           _study_run(args, "dynamic_routing", 4.0, 1, 3e-3, 1.7, 0.26)]
-  text = shortening_study.table(runs, "corpus", [1.0, 4.0], ["fixed_avg", "dynamic_routing"])
-  assert "| fixed_avg | 0.001 | 3.000 (1) | 2.100 (2) |  |  |" in text  # the 3e-3 sweep run is not averaged in
-  assert "| dynamic_routing | 0.003 |  | 1.800 (2) | 0.250 | 0.025 |" in text
+  text = shortening_study.table(runs, "corpus", [1.0, 4.0, 16.0], ["fixed_avg", "dynamic_routing"])
+  assert "| fixed_avg | 0.001 | 3.000 (1) | 2.100 (2) |  |  |  |" in text  # the 3e-3 sweep run is not averaged in
+  assert "| dynamic_routing | 0.003 |  | 1.800 (2) |  | 0.250 | 0.025 |" in text
   assert "4 TFLOP: best learned dynamic_routing 1.800; fixed_avg +0.300" in text
 
 
