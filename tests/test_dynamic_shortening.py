@@ -17,7 +17,9 @@ from hourglass_jax.testing import causality_violations, random_variables
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
 from hourglass_jax.model.hourglass.dynamic_level import evaluation_noise
+from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
+from hourglass_jax.train.metrics import boundary_rates_apart
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables,  # noqa: F401  (autouse)
                            load_config, quick_compiles, small_config, tiny_config)
@@ -248,6 +250,41 @@ def test_evaluation_rates_count_the_real_windows_and_not_the_last_batchs_padding
   np.testing.assert_allclose(result["metrics"]["body/shorten/boundary_rate"], rates.mean(), rtol=1e-6)
   np.testing.assert_allclose(result["metrics"]["body/shorten/shortening_rate"],
                              (8 / rates[:8].mean() + 1 / rates[-1]) / 9, rtol=1e-5)
+
+
+def test_a_level_that_cuts_otherwise_in_evaluation_than_in_training_is_named():
+  train = {"body/shorten/boundary_rate": 0.24, "body/inner/shorten/boundary_rate": 0.2, "aux_loss": 0.1}
+  assert boundary_rates_apart(train, {"body/shorten/boundary_rate": 0.13, "body/inner/shorten/boundary_rate": 0.39,
+                                      "body/shorten/shortening_rate": 9.0}) == {}  # within 2x either way
+  apart = boundary_rates_apart(train, {"body/shorten/boundary_rate": 0.024, "body/inner/shorten/boundary_rate": 0.5})
+  assert sorted(apart) == ["body/inner/shorten/boundary_rate", "body/shorten/boundary_rate"]
+  assert "0.024 in evaluation against 0.24 in training: the level cuts 10.0x less often" in apart[
+      "body/shorten/boundary_rate"]
+  assert "cuts 2.5x more often" in apart["body/inner/shorten/boundary_rate"]
+  assert "does not cut at all" in boundary_rates_apart(train, {"body/shorten/boundary_rate": 0.0})[
+      "body/shorten/boundary_rate"]
+  assert boundary_rates_apart({}, {"body/shorten/boundary_rate": 0.0}) == {}  # evaluation alone: nothing to compare
+
+
+def test_training_warns_once_when_gumbel_evaluation_does_not_cut(tmp_path, monkeypatch):
+  """A 'gumbel' level whose logits sit below 1/2 everywhere cuts nothing under the default threshold evaluation,
+  while training's draw cut about 1/3 of the positions: the run says so, once, beside the evaluation."""
+  def unsure_predictor(trainer, params, *args):
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x - 10.0 if "logit" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path)
+        else x, params)
+    return evaluate(trainer, params, *args)
+
+  monkeypatch.setattr(loop, "evaluate", unsure_predictor)
+  cfg = tiny_config(steps=2, model=dict(kind="hourglass", **DYNAMIC, boundaries="gumbel"), mesh=dict(data=1),
+                    train=dict(eval_every=1))
+  messages = []
+  summary = loop.train_and_evaluate(cfg, tmp_path, devices=jax.devices()[:1], log=messages.append)
+  assert summary["eval"]["metrics"]["body/shorten/boundary_rate"] == 0.0
+  warnings = [m for m in messages if m.startswith("warning:")]
+  assert len(warnings) == 1, warnings  # two evaluations, one warning
+  assert "body/shorten/boundary_rate is 0 in evaluation" in warnings[0] and "does not cut at all" in warnings[0]
+  assert "model.gumbel_evaluation='sample'" in warnings[0]
 
 
 def test_the_train_step_adds_the_weighted_ratio_loss_for_routing():

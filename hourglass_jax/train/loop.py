@@ -100,11 +100,11 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
   bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
              dynamic_ncols=True)
 
-  warned_mfu = False
+  warned_mfu, warned_rates, train_extras = False, set(), {}
 
   def drain():
     """Fetches the pending step's metrics (its successor is already queued), checks and logs them."""
-    nonlocal pending, warned_mfu
+    nonlocal pending, warned_mfu, train_extras
     if pending is None:
       return
     (step, device_metrics), pending = pending, None
@@ -112,6 +112,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
     if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
       raise TrainError(_divergence_message(step, values, saved, start if restored else None, checkpoints))
     summary["losses"][step] = values["loss"]
+    train_extras = {name: values[name] for name in values if name not in _STEP_METRICS}
     meter.add(values["loss"], values["grad_norm"])
     bar.update(1)
     if step % cfg.train.log_every == 0 or step == total:
@@ -121,9 +122,8 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
       if warning and not warned_mfu:
         warned_mfu = True
         log(f"warning: {warning}")
-      extras = {name: values[name] for name in values if name not in _STEP_METRICS}
       bar.set_postfix_str(f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}, "
-                          + "".join(f"{bar_label(name)} {value:.3g}, " for name, value in extras.items())
+                          + "".join(f"{bar_label(name)} {value:.3g}, " for name, value in train_extras.items())
                           + f"{tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU {mfu:.1%}")
       writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
                             "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
@@ -131,7 +131,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
                             "perf/tokens_per_second": tokens_per_step / seconds, "perf/step_time_s": seconds,
                             "perf/mfu": mfu})
       # What the model reports beside the LM loss (auxiliary losses, sown metrics), from this step.
-      writer.scalars(step, {f"train/{name}": value for name, value in extras.items()})
+      writer.scalars(step, {f"train/{name}": value for name, value in train_extras.items()})
 
   distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
   try:
@@ -159,6 +159,10 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
         writer.scalars(step, {"eval/loss": summary["eval"]["loss"], f"eval/bits_per_{unit}": summary["eval"]["bits"],
                               **{f"eval/{name}": value for name, value in summary["eval"]["metrics"].items()}})
         log(f"step {step}: {describe(summary['eval'], cfg.data.eval_split)}")
+        for name, warning in metrics_lib.boundary_rates_apart(train_extras, summary["eval"]["metrics"]).items():
+          if name not in warned_rates:  # once per level
+            warned_rates.add(name)
+            log(f"warning: {warning}")
         meter.reset()
     drain()
   finally:
