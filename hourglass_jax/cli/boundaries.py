@@ -80,7 +80,21 @@ def main():
   text = flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
   evaluation = flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
                                  "'gumbel' only: how evaluation decides (default: the model's own setting).")
-  app.run(lambda argv: print(show(weights.value, text.value.encode("utf-8"), evaluation.value)[0]))
+  from hourglass_jax.cli import usage
+
+  usage.declare(usage.BOUNDARIES, usage.BOUNDARIES_FLAGS)
+  app.run(lambda argv: _quiet() or print(show(weights.value, text.value.encode("utf-8"), evaluation.value)[0]))
+
+
+def _quiet() -> None:
+  """Warnings only: jax logs the accelerator backends it looks for at INFO (pass --verbosity=0 to see them)."""
+  import logging
+
+  from absl import flags, logging as absl_logging
+
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  if not flags.FLAGS["verbosity"].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
 
 
 if __name__ == "__main__":

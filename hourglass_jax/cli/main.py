@@ -8,26 +8,23 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from hourglass_jax import host_memory, paths
+from hourglass_jax.cli import usage
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
 
-_CONFIG = define_config_flag("config", "Path to a configs/*.py file (optionally :preset).")
+_CONFIG = define_config_flag("config", "A configs/*.py file, optionally with :preset (configs/dynamic.py:whitespace).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
 _SPLIT = flags.DEFINE_string("split", None, "hourglass-eval: split to evaluate (default data.eval_split).")
 _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                                 "Call jax.distributed.initialize: auto = when a coordinator is given or a "
-                                 "cluster (TPU pod, SLURM, MPI) is detected.")
+                                 "Call jax.distributed.initialize (auto: when a coordinator or a cluster is found).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for manual launches.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes, for manual launches.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, for manual launches.")
 _COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", None, "Persistent XLA compilation cache folder (local or gs://), or 'off'. Default: "
-    "$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/jax_cache for a gs:// workdir, else "
-    "$XDG_CACHE_HOME/hourglass_jax/xla (~/.cache/hourglass_jax/xla).")
+    "compilation_cache", None, "XLA compilation cache folder (local or gs://) or 'off'; default "
+    "~/.cache/hourglass_jax/xla (docs/training.md).")
 _HOST_MALLOC = flags.DEFINE_enum(
     "host_malloc", "auto", host_memory.MODES,
-    "glibc malloc on the CPU backend: keep = keep freed memory, so XLA:CPU's per-step temp buffer is not mapped and "
-    "faulted in afresh on every step (faster, but the process keeps its peak memory); auto = keep when JAX will "
-    "run on the CPU; system = malloc's defaults (hourglass_jax/host_memory.py).")
+    "CPU backend: keep = malloc keeps freed memory (faster steps), system = malloc's defaults, auto = keep on CPU.")
 
 
 def _parse_flags(argv):
@@ -106,11 +103,13 @@ def _eval(argv):
 
 
 def train_entry():
+  usage.declare(usage.TRAIN, usage.TRAIN_FLAGS)
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(_train, flags_parser=_parse_flags)
 
 
 def eval_entry():
+  usage.declare(usage.EVAL, usage.EVAL_FLAGS)
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(_eval, flags_parser=_parse_flags)
 
@@ -136,6 +135,7 @@ def _data(argv):
 
 
 def data_entry():
+  usage.declare(usage.DATA, usage.DATA_FLAGS)
   app.run(_data, flags_parser=_parse_flags)
 
 
@@ -150,6 +150,7 @@ def _convert(argv):
 
 def convert_entry():
   """hourglass-convert --workdir=DIR: checkpoints of the per-block layout -> the scanned layout, in place."""
+  usage.declare(usage.CONVERT, usage.CONVERT_FLAGS)
   flags.mark_flags_as_required(["workdir"])
   app.run(_convert, flags_parser=_parse_flags)
 
@@ -166,6 +167,7 @@ def _sample(argv):
 def sample_entry():
   from hourglass_jax.cli import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
 
+  usage.declare(usage.SAMPLE, usage.SAMPLE_FLAGS)
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(_sample, flags_parser=_parse_flags)
 
@@ -185,6 +187,7 @@ def export_entry():
   safetensors with a JSON model card (docs/weights.md)."""
   from hourglass_jax.cli import export_flags  # noqa: F401  defines --output, --step, --dtype, for hourglass-export only
 
+  usage.declare(usage.EXPORT, usage.EXPORT_FLAGS)
   flags.mark_flags_as_required(["workdir", "output"])
   app.run(_export, flags_parser=_parse_flags)
 

@@ -1,0 +1,67 @@
+"""What `--help` shows for each command: its purpose, an example and its own flags, one line each (absl key flags of
+the main module); `--helpfull` keeps every flag, absl's and jax's included."""
+
+import sys
+
+from absl import flags
+
+_CONFIG_OVERRIDES = "Any config field is a flag too: --config.SECTION.FIELD=VALUE (docs/training.md)."
+
+TRAIN = f"""hourglass-train: trains the model of a config file, resuming from the workdir's newest checkpoint.
+
+Example:
+  .venv/bin/hourglass-train --config=configs/default.py --workdir=workdirs/default --config.train.steps=2000
+
+{_CONFIG_OVERRIDES}"""
+
+EVAL = f"""hourglass-eval: scores the workdir's newest checkpoint on a split (bits per byte).
+
+Example:
+  .venv/bin/hourglass-eval --config=configs/default.py --workdir=workdirs/default --split=test
+
+{_CONFIG_OVERRIDES}"""
+
+SAMPLE = f"""hourglass-sample: generates from the workdir's newest checkpoint with the KV cache (text, or PNG grids).
+
+Example:
+  .venv/bin/hourglass-sample --config=configs/default.py --workdir=workdirs/default --prompt='def ' --temperature=0.7
+
+{_CONFIG_OVERRIDES}"""
+
+DATA = """hourglass-data: builds a dataset once, to read offline afterwards.
+
+Example:
+  .venv/bin/hourglass-data prepare text_files --manual_dir=my_texts/ --data_dir=data/my_texts"""
+
+CONVERT = """hourglass-convert: rewrites a workdir's per-block checkpoints in the scanned layout, in place.
+
+Example:
+  .venv/bin/hourglass-convert --workdir=workdirs/old"""
+
+EXPORT = """hourglass-export: writes a checkpoint's parameters as safetensors with a JSON model card.
+
+Example:
+  .venv/bin/hourglass-export --workdir=workdirs/default --output=exported/default --dtype=bfloat16"""
+
+BOUNDARIES = """hourglass-boundaries: shows where a learned-shortening model cuts a text ('|' after each boundary).
+
+Example:
+  .venv/bin/hourglass-boundaries --weights=exported/dynamic --text='The ship sailed at dawn.'"""
+
+_DISTRIBUTED = ("distributed", "coordinator_address", "num_processes", "process_id")
+_RUNTIME = ("compilation_cache", "host_malloc")
+TRAIN_FLAGS = ("config", "workdir", *_RUNTIME, *_DISTRIBUTED)
+EVAL_FLAGS = ("config", "workdir", "split", *_RUNTIME, *_DISTRIBUTED)
+SAMPLE_FLAGS = ("config", "workdir", "split", "prompt", "prompt_file", "num_samples", "max_new_tokens", "temperature",
+                "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", *_RUNTIME, *_DISTRIBUTED)
+DATA_FLAGS = ("data_dir", "manual_dir")
+CONVERT_FLAGS = ("workdir", *_RUNTIME)
+EXPORT_FLAGS = ("workdir", "output", "step", "dtype", *_RUNTIME)
+BOUNDARIES_FLAGS = ("weights", "text", "gumbel_evaluation")
+
+
+def declare(text: str, names) -> None:
+  """Makes `--help` print `text` and the flags `names`, however the command was started (console script, -m, -c)."""
+  sys.modules["__main__"].__doc__ = text + "\n"
+  for name in names:
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
