@@ -23,6 +23,9 @@ def test_train_then_eval_commands(tmp_path):
     assert expected in train.stdout, train.stdout
   assert (tmp_path / "checkpoints" / "3" / "state").is_dir()
   assert list(tmp_path.glob("events.out.tfevents.*"))
+  sample = next(line for line in train.stdout.splitlines() if "hourglass-sample --config=" in line)
+  assert f"--workdir={tmp_path} " in sample and sample.endswith("--config.train.steps=3 --prompt='def '")
+  assert f"TensorBoard logs: {tmp_path}" in train.stdout
 
   evaluate = run(train_command(tmp_path, "--split=test", entry="eval_entry"))
   assert evaluate.returncode == 0, evaluate.stderr[-3000:]

@@ -2,6 +2,7 @@
 hourglass-data, hourglass-convert, hourglass-sample, hourglass-export."""
 
 import logging
+import os
 import sys
 
 from absl import app, flags
@@ -85,12 +86,34 @@ def _train(argv):
   from hourglass_jax.train import preemption
 
   try:
-    stopped = _run(train)["stopped"]  # a stop after saving is not "finished": schedulers requeue on its code
+    summary = _run(train)
+    stopped = summary["stopped"]  # a stop after saving is not "finished": schedulers requeue on its code
   except KeyboardInterrupt:
     print("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost. Rerun the same command "
           "to resume from it.", file=sys.stderr)
     sys.exit(preemption.EXIT_INTERRUPTED)
+  if stopped == "done" and summary["step"] > summary["start_step"]:
+    _print_next_steps()
   sys.exit({"preempted": preemption.EXIT_PREEMPTED, "interrupted": preemption.EXIT_INTERRUPTED}.get(stopped, 0))
+
+
+def _print_next_steps() -> None:
+  """Process 0: where the run's files are and the commands that use them, with this run's config arguments."""
+  import jax
+
+  from hourglass_jax.data.sources import dataset_kind
+  from hourglass_jax.train.report import next_steps
+
+  if jax.process_index() != 0:
+    return
+  bin_dir = os.path.dirname(sys.executable)
+  if not os.path.exists(os.path.join(bin_dir, "hourglass-sample")):
+    bin_dir = ""  # not a virtual environment's python: the commands are on PATH
+  elif not os.path.relpath(bin_dir).startswith(".."):
+    bin_dir = os.path.relpath(bin_dir)
+  overrides = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
+  print(next_steps(flags.FLAGS["config"].config_filename, _WORKDIR.value, overrides,
+                   dataset_kind(_CONFIG.value.data.name) == "text", bin_dir), flush=True)
 
 
 def _eval(argv):

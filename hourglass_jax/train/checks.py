@@ -83,6 +83,16 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
                      f"{train.grad_accum_steps}; each micro-batch must have the same size.")
 
 
+def warmup_warning(train: ml_collections.ConfigDict) -> str | None:
+  """A schedule whose warmup does not end before the last step never reaches train.learning_rate."""
+  if train.warmup_steps < train.steps:
+    return None
+  last = train.learning_rate * train.steps / train.warmup_steps
+  return (f"train.warmup_steps={train.warmup_steps} >= train.steps={train.steps}: the learning rate never reaches "
+          f"train.learning_rate={train.learning_rate:g} (it stops at {last:.3g}); set "
+          f"--config.train.warmup_steps={train.steps // 10} or raise --config.train.steps.")
+
+
 def check_batch_split(cfg: ml_collections.ConfigDict, parallelism: int, process_count: int) -> None:
   """The (micro-)batch must split evenly over the data-parallel devices and the processes."""
   micro = cfg.data.batch_size // cfg.train.grad_accum_steps

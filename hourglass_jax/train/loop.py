@@ -14,7 +14,7 @@ from hourglass_jax import compile_cache, distributed, generation, paths, shardin
 from hourglass_jax.data import sources
 from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checks import TrainError, warmup_warning
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.report import report_compiled
@@ -58,6 +58,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
   workdir = paths.as_path(workdir)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
+  if warning := warmup_warning(cfg.train):
+    log(f"warning: {warning}")
   with jax.set_mesh(mesh), WorkdirLock(workdir, log), StopSignals(log) as signals, Checkpoints(
       workdir / "checkpoints", cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.async_save,
       log) as checkpoints:
@@ -98,13 +100,13 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
   tokens_per_step = trainer.batch_size * trainer.seq_len
   meter, pending, saved = _Meter(), None, (checkpoints.all_steps() or [None])[-1]
   bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
-             dynamic_ncols=True)
+             dynamic_ncols=True, bar_format=_BAR)  # no rate of its own: the postfix has the window's speed
 
-  warned_mfu, warned_rates, train_extras = False, set(), {}
+  warned_mfu, warned_rates, train_extras, losses = False, set(), {}, ""
 
   def drain():
     """Fetches the pending step's metrics (its successor is already queued), checks and logs them."""
-    nonlocal pending, warned_mfu, train_extras
+    nonlocal pending, warned_mfu, train_extras, losses
     if pending is None:
       return
     (step, device_metrics), pending = pending, None
@@ -122,9 +124,10 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
       if warning and not warned_mfu:
         warned_mfu = True
         log(f"warning: {warning}")
-      bar.set_postfix_str(f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}, "
-                          + "".join(f"{bar_label(name)} {value:.3g}, " for name, value in train_extras.items())
-                          + f"{tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU {mfu:.1%}")
+      losses = (f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}"
+                + "".join(f", {bar_label(name)} {value:.3g}" for name, value in train_extras.items()))
+      bar.set_postfix_str(f"{losses}, {tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU "
+                          f"{mfu:.1%}", refresh=False)
       writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
                             "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
                             "train/update_norm": values["update_norm"],
@@ -165,13 +168,16 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
             log(f"warning: {warning}")
         meter.reset()
     drain()
+    if losses:
+      bar.set_postfix_str(losses, refresh=False)  # the run's speed is the one line below, not the last window's
   finally:
     bar.close()
   if meter.steps_total:
     seconds = meter.seconds_total / meter.steps_total
     summary.update(tokens_per_second=tokens_per_step / seconds, step_seconds=seconds,
                    mfu=perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else None)
-    log(f"throughput: {summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
+    log(f"speed over {meter.steps_total} timed steps (evaluation and checkpoints excluded): "
+        f"{summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
         f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
   if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
     summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, trainer, state.params)
@@ -184,6 +190,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
 
 
 SAMPLE_TEMPERATURE = 0.8  # the end-of-run sample's
+_BAR = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
 
 def bar_label(metric: str) -> str:

@@ -121,9 +121,16 @@ class SummaryWriter:
         self._writer.add_scalar(name, float(value), step)
 
   def text(self, step: int, name: str, value: str) -> None:
+    """`value` shown as written: TensorBoard renders text summaries as Markdown."""
     if self._writer:
-      self._writer.add_text(name, value, step)
+      self._writer.add_text(name, preformatted(value), step)
 
   def close(self) -> None:
     if self._writer:
       self._writer.close()
+
+
+def preformatted(text: str) -> str:
+  """`text` as a Markdown code block (every line indented 4 spaces): TensorBoard then keeps its line breaks and
+  indentation, and shows `*`, `#` or `_` as themselves."""
+  return "\n".join("    " + line for line in text.split("\n"))

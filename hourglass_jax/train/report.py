@@ -43,3 +43,24 @@ def report_compiled(trainer, compiled, log) -> dict:
     model_flops = xla_flops * devices
   return dict(model_flops=model_flops, xla_flops=xla_flops, memory=needed, peak_flops=peak * devices,
               peak_flops_per_device=peak, peak_source=peak_source)
+
+
+def next_steps(config: str, workdir: str, overrides=(), text: bool = True, bin_dir: str = "") -> str:
+  """What a finished run prints last: where its checkpoints and TensorBoard logs are and the commands that sample,
+  evaluate and export it (`config`: the --config argument, `overrides`: the --config.* arguments the run had,
+  `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
+  import shlex  # pylint: disable=import-outside-toplevel
+
+  run = " ".join(shlex.quote(arg) for arg in (f"--config={config}", f"--workdir={workdir}", *overrides))
+  command = lambda name: shlex.quote(f"{bin_dir}/{name}" if bin_dir else name)
+  prompt = " --prompt='def '" if text else ""
+  output = shlex.quote(f"{str(workdir).rstrip('/')}_export")
+  return "\n".join([
+      f"checkpoints: {str(workdir).rstrip('/')}/checkpoints (the same command resumes; a larger "
+      "--config.train.steps trains on)",
+      f"TensorBoard logs: {workdir}",
+      "next:",
+      f"  {command('hourglass-sample')} {run}{prompt}",
+      f"  {command('hourglass-eval')} {run} --split=test",
+      f"  {command('hourglass-export')} --workdir={shlex.quote(str(workdir))} --output={output}",
+      f"  {command('pip')} install tensorboard && {command('tensorboard')} --logdir={shlex.quote(str(workdir))}"])
