@@ -1,7 +1,7 @@
 # `make train`: the main job. `make test`: the test suite. Both set up .venv first (Python >= 3.12).
 # `make test-fast`: the suite without the tests marked slow or multiprocess (docs/testing.md).
 # `make bench` / `make bench-quick`: the benchmark suite (see BENCHMARKS.md), full (about 1.5 hours on 2 busy CPU cores)
-# or quick (a few minutes).
+# or quick (a few minutes). `make bench-report`: BENCHMARKS.md rewritten from benchmarks/results/.
 VENV := .venv
 STAMP := $(VENV)/.installed
 WORKDIR ?= workdirs/default
@@ -9,7 +9,7 @@ CONFIG ?= configs/default.py
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: train test test-fast setup clean bench bench-quick
+.PHONY: train test test-fast setup clean bench bench-quick bench-report
 
 $(STAMP): setup.cfg pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh
@@ -39,6 +39,9 @@ bench: $(BENCH_STAMP) .venv-peer/bin/python
 
 bench-quick: $(BENCH_STAMP) .venv-peer/bin/python
 	$(VENV)/bin/python benchmarks/run_all.py --quick
+
+bench-report: $(STAMP)
+	$(VENV)/bin/python benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) .venv-peer .jax_cache workdirs .pytest_cache
