@@ -7,7 +7,7 @@ Two worker processes (ours in .venv, the peer in .venv-peer) each build their mo
 then the driver asks them in turn, A B A B ..., for `--steps` timed steps each (forward + backward + clipping +
 Adam update), so load drift hits both alike. Each turn first runs `--settle_steps` untimed steps. The first step
 after the other worker ran is slower, a cost of the interleaving that continuous training never sees: on the
-2-core VM our step takes 1.3-1.9 s longer right after the peer's turn (cause unknown; see BENCHMARKS.md).
+2-core VM our step takes 1.3-1.9 s longer right after the peer's turn (cause unknown).
 With `--fresh_workers` each turn starts its worker afresh and ends it before the other's turn (the build and warm-up
 are untimed), so no process holds memory while the other runs and no turn follows the other worker's within one
 process.

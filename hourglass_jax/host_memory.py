@@ -3,8 +3,9 @@
 XLA:CPU allocates each program's temp buffer (2.5 GiB for the peer-shaped train step) on every execution and frees
 it afterwards. glibc serves a buffer that large with a fresh mmap (its mmap threshold cannot exceed 32 MiB), so the
 kernel faults it in page by page on every step: 671k minor faults and 1.1-1.4 s of system time per 6 s step
-(BENCHMARKS.md, "Host memory"). `keep_freed_memory()` sets three malloc options so that large blocks come from the
-heap and stay there when freed: one arena, no mmap, no trimming. The step then takes no faults.
+(getrusage around single steps; the step time with and without: benchmarks/peer_compare.py --host_malloc).
+`keep_freed_memory()` sets three malloc options so that large blocks come from the heap and stay there when freed:
+one arena, no mmap, no trimming. The step then takes no faults.
 
 The cost is resident memory: the process keeps its high-water mark (the step's temp buffer stays mapped between
 steps, as a caching allocator would keep it). It must run before the JAX backend starts: threads that have already

@@ -85,8 +85,8 @@ def resolve_implementation(impl: str, *, dtype, has_bias: bool, has_dropout: boo
   CPU and GPU where its static plan skips enough of the square, else XLA (the einsum path with dropout). Measured:
   benchmarks/block_attention.py on CPU, 1.4-4.8x faster than XLA's masked square at 1024-2048 tokens, forward +
   backward; on an H100 the enwik8 step ran 1.14x faster with block than with XLA's square (14.5 instead of 37.9 GiB)
-  and as fast as the einsum path with dropout (14.6 instead of 18.1 GiB), BENCHMARKS.md. `mask_TxS` is the static
-  mask, when there is one."""
+  and as fast as the einsum path with dropout (14.6 instead of 18.1 GiB), benchmarks/results/gpu_throughput.json.
+  `mask_TxS` is the static mask, when there is one."""
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f"attention implementation {impl!r} is not one of {IMPLEMENTATIONS}.")
   backend = jax.default_backend()

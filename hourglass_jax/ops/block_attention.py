@@ -327,7 +327,8 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
 
     # dK and dV are accumulated transposed, [.., H, bk] = Q^T dS and dO^T P: a contraction over the queries as
     # "gbnqk,gbnqh->gbnkh" has a transposed left operand, which XLA:CPU leaves to a batched Eigen dot at a third of
-    # YNNPACK's rate (BENCHMARKS.md). Q and dO are transposed once here, dK and dV once after the scan.
+    # YNNPACK's rate (benchmarks/results/block_attention_bwd_layout.json). Q and dO are transposed once here, dK and
+    # dV once after the scan.
     q5_t, do5_t = jnp.swapaxes(q5, -1, -2), jnp.swapaxes(do5, -1, -2)
     zeros_t = lambda x5: jnp.zeros((*x5.shape[:3], x5.shape[4], x5.shape[3]), jnp.float32)
     init = (jnp.zeros(q5.shape, jnp.float32), zeros_t(k5), zeros_t(v5),

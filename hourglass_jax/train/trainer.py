@@ -38,7 +38,7 @@ class Trainer:
     self.compiler_options = xla_options.compiler_options(cfg.model.dtype, mesh.devices.flat[0].platform)
     step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps)
     # The train step keeps XLA's defaults: with dense kernel gradients taken as (x^T) dy its bfloat16 dots run
-    # natively in YNNPACK, 1.27x faster than under the option (BENCHMARKS.md, "bfloat16 after the dense change").
+    # natively in YNNPACK, 1.27x faster than under the option (benchmarks/throughput.py --dtypes float32,bfloat16).
     self.train_step = jax.jit(step, in_shardings=(self.shardings, self.batch_sharding),
                               out_shardings=(self.shardings, replicated), donate_argnums=0)
     self.eval_step = jax.jit(make_eval_step(self.model, self.rules), out_shardings=replicated,

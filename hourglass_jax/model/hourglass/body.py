@@ -192,7 +192,8 @@ class Hourglass(LayerOptions):
     each chunk under `nn.cond` (run while rows remain), so a step costs C rows of the inner level for each chunk
     it needs rather than all B. A chunk's cache rows are sliced out and written back one row at a time, with the
     rows axis first for the vmap: a gather over the batch axis and the vmap's axis moves copied the whole chunk's
-    cache several times a step (BENCHMARKS.md). Returns the newest outputs z [B, 1, D] and the inner cache."""
+    cache several times a step (benchmarks/dynamic_decode.py). Returns the newest outputs z [B, 1, D] and the inner
+    cache."""
     batch = closes_B.shape[0]
     size = -(-batch // hierarchy.relative_factor(0))
     order_B = jnp.argsort(~closes_B, stable=True)
