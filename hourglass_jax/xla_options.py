@@ -2,9 +2,9 @@
 process) cannot express. Today one: on CPU, bfloat16 eval and sampling programs send their dots to YNNPACK's fused
 kernels. XLA:CPU's default runs batched bfloat16 dots as float32 Eigen dots on converted copies; the same option
 slows float32 programs, so they keep XLA's default (benchmarks/throughput.py --dtypes float32,bfloat16). The
-train step keeps XLA's default too: since dense kernel gradients are taken as (x^T) dy (ops/weight_gradient.py), its bfloat16 dots
-run natively in YNNPACK, and the option, which up-casts them, made it 1.27x (enwik8) and 1.37x (the peer's
-shape) slower."""
+train step keeps XLA's default too: with dense kernel gradients taken as (x^T) dy (ops/weight_gradient.py), its
+bfloat16 dots run natively in YNNPACK, and the option, which up-casts them, made it 1.27x (enwik8) and 1.37x (the
+peer's shape) slower."""
 
 import functools
 import os
