@@ -58,10 +58,12 @@ def test_gumbel_marks_follow_the_chosen_evaluation(tmp_path):
 @pytest.mark.slow
 def test_the_command_prints_the_marked_text(tmp_path):
   weights = exported(tmp_path, boundaries="gumbel")
-  out = subprocess.run([sys.executable, "-m", "hourglass_jax.cli.boundaries", f"--weights={weights}",
-                        f"--text={TEXT.decode()}", "--gumbel_evaluation=sample"], capture_output=True, text=True,
-                       check=True).stdout
+  done = subprocess.run([sys.executable, "-m", "hourglass_jax.cli.boundaries", f"--weights={weights}",
+                         f"--text={TEXT.decode()}", "--gumbel_evaluation=sample"], capture_output=True, text=True,
+                        check=True)
+  out = done.stdout
   assert out.splitlines()[0].replace("|", "") == TEXT.decode() and "'gumbel', evaluation 'sample'" in out
+  assert "INFO" not in done.stderr and not [line for line in done.stderr.splitlines() if line[:1] == "I"], done.stderr
 
 
 def test_a_nested_level_marks_the_bytes_that_close_its_segments(tmp_path):
