@@ -1,5 +1,5 @@
 """The whole train step with dense kernel gradients taken as (x^T) dy (the library) against lax.dot_general's own
-transpose rule (before 91fc693), timed interleaved in one process on CPU.
+transpose rule, timed interleaved in one process on CPU.
 
     .venv/bin/python benchmarks/dense_kernel_gradient.py [--quick] [--preset hourglass] [--shape wide]
         [--seq_len 1024] [--batch 4] [--dtype float32] [--model key=value,...] [--rounds 5]

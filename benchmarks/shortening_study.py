@@ -65,7 +65,7 @@ MODELS = {  # each model's settings besides its hierarchy, which `hierarchy` bui
 LN2 = math.log(2.0)
 FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
 # A learned level's positions read a segment from its closing position on ('closing'); runs recorded without the
-# field read it one position later ('next', before 2026-11-25), and routing cut one position later.
+# field read it one position later ('next'), and routing cut one position later.
 SEGMENT_READ = "closing"
 QUICK = dict(budgets_tflop="0.002,0.004,0.008", learning_rates="3e-3", seeds="0", seq_len=32, batch=8,
              model="d_model=32,num_heads=4,d_ff=64", models="vanilla,fixed_avg,dynamic_whitespace")
