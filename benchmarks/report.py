@@ -56,7 +56,8 @@ def headline(results: pathlib.Path) -> list[str]:
         f"{means['fixed_avg']:.3f} / {means['vanilla']:.3f}", study.newest, "shortening_study.json"))
   means = study.means(study.corpora[-1], 64.0)
   rows.append(tables.headline_row(
-      f"bits per byte at 64 TFLOP, {study.short_name(study.corpora[-1])}: learned `whitespace` (code bytes) / fixed avg",
+      f"bits per byte at 64 TFLOP, {study.short_name(study.corpora[-1])}: learned `whitespace` (code bytes) / "
+      "fixed avg",
       f"{means['dynamic_whitespace_code']:.3f} / {means['fixed_avg']:.3f}", study.newest, "shortening_study.json"))
   peer = tables.peer_rows(load(results, "peer_compare_wide.json"))
   default = next(e for e in peer if e["args"]["threads"] == 0 and e["args"]["peer_malloc"] == "system"

@@ -241,7 +241,8 @@ def peer_section(entries: list[dict]) -> str:
            f"{first['args']['seq_len']}, forward + loss + backward + Adam, the two alternating; ratio = median of "
            "the per-round ratios. `host_malloc auto` is what `hourglass-train` does on CPU; `keep` gives the peer "
            "the same allocator setting.\n",
-           "| torch threads | pinned to core | our malloc | peer malloc | ours tokens/s | peer tokens/s | ours / peer | "
+           "| torch threads | pinned to core | our malloc | peer malloc | ours tokens/s | peer tokens/s | ours / peer "
+           "| "
            "machine | date |", "|---:|---|---|---|---:|---:|---:|---|---|"]
   for e in entries:
     a = e["args"]

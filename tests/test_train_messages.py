@@ -35,7 +35,8 @@ def test_next_steps_name_the_files_and_the_commands_of_this_run():
   text = next_steps("configs/tiny.py", "workdirs/my run", ["--config.model.d_model=64"], text=True,
                     bin_dir=".venv/bin")
   lines = text.splitlines()
-  assert lines[0].startswith("checkpoints: workdirs/my run/checkpoints") and lines[1] == "TensorBoard logs: workdirs/my run"
+  assert lines[0].startswith("checkpoints: workdirs/my run/checkpoints")
+  assert lines[1] == "TensorBoard logs: workdirs/my run"
   sample, evaluate, export, board = (shlex.split(line) for line in lines[3:])
   assert sample == [".venv/bin/hourglass-sample", "--config=configs/tiny.py", "--workdir=workdirs/my run",
                     "--config.model.d_model=64", "--prompt=def "]
