@@ -30,6 +30,8 @@ Example:
 
 DATA = """hourglass-data: builds a dataset once, to read offline afterwards.
 
+Usage: hourglass-data prepare NAME [--manual_dir=DIR] [--data_dir=DIR]   (the datasets: docs/data.md)
+
 Example:
   .venv/bin/hourglass-data prepare text_files --manual_dir=my_texts/ --data_dir=data/my_texts"""
 
