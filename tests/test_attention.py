@@ -139,7 +139,7 @@ def test_auto_resolution_on_cpu():
     with pytest.raises(ValueError, match=f"attention_impl='{fused}' needs a"):
       resolve_implementation(fused, has_bias=False, has_dropout=False, **common)
   with pytest.raises(ValueError, match="not one of"):
-    resolve_implementation("flash", has_bias=False, has_dropout=False, **common)
+    resolve_implementation("tpu_flash", has_bias=False, has_dropout=False, **common)
 
 
 def test_auto_resolution_on_gpu(monkeypatch):
