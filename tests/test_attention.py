@@ -146,12 +146,14 @@ def test_auto_resolution_on_gpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # resolution is pure logic: no GPU needed
   causal = dict(dtype=jnp.bfloat16, static_mask=True, lengths=(2049, 2049), mask_TxS=causal_mask(2049))
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **causal) == "cudnn"
-  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **causal) == "block"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **causal) == "flash"  # Pallas, dropout inside
   assert resolve_implementation("auto", has_bias=True, has_dropout=False, **causal) == "block"
   float32 = dict(causal, dtype=jnp.float32)
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **float32) == "block"
   unmasked = dict(causal, mask_TxS=None)
-  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **unmasked) == "reference"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **unmasked) == "flash"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **dict(unmasked, dtype=jnp.float32)) \
+      == "reference"
 
 
 @pytest.mark.parametrize("mask_name", list(MASKS))
