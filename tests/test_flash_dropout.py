@@ -105,3 +105,26 @@ def test_flash_lowers_to_triton_for_an_h100():
   with jax.sharding.use_abstract_mesh(mesh):
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(x, x, x).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") >= 3  # forward, dK/dV and dQ kernels
+
+
+def test_flash_per_shard_draws_its_part_of_the_whole_mask():
+  # On a mesh the kernel runs per device (batch rows over data x fsdp, heads over tensor); each shard offsets its
+  # rows in the hash, so the result is the one-device result, dropout included.
+  import flax.linen as nn
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+  from hourglass_jax.ops.attention import sharded_flash_attention
+
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+  mask = causal_mask(16)
+  q, k, v = _qkv(16, 16, b=4, n=2)
+  rng = jax.random.key(9)
+
+  def attend(q, k, v):
+    with nn.logical_axis_rules((("batch", ("data", "fsdp")), ("heads", "tensor"))):
+      return sharded_flash_attention(q, k, v, mask, dropout_rate=0.3, dropout_rng=rng, interpret=INTERPRET)
+
+  with jax.set_mesh(mesh):
+    sharded = [jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"), None, "tensor", None))) for x in (q, k, v)]
+    out = jax.jit(attend)(*sharded)
+  np.testing.assert_allclose(out, reference_attention(q, k, v, mask, dropout_rate=0.3, dropout_rng=rng), atol=2e-5)

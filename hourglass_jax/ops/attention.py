@@ -81,6 +81,28 @@ def sharded_splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, interpre
       q_BxTxNxH, k_BxSxNxH, v_BxSxNxH)
 
 
+def sharded_flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, *, dropout_rate: float, dropout_rng,
+                            interpret: bool = False):
+  """flash_attention on each device's shard of a sharded jit, under jax.shard_map as sharded_splash_attention;
+  each shard draws its own part of the whole array's dropout mask (the same mask as on one device)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  attend = functools.partial(flash_attention, mask_TxS=mask_TxS, dropout_rate=dropout_rate, interpret=interpret)
+  if mesh.empty or mesh.size == 1:
+    return attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, dropout_rng=dropout_rng)
+  batch, heads = nn.logical_to_mesh_axes(("batch", "heads")) or (None, None)
+  spec = P(batch, None, heads, None)
+  b_total, n_total = q_BxTxNxH.shape[0], q_BxTxNxH.shape[2]
+
+  def local(q, k, v, rng):
+    offset = lambda axes, size: 0 if axes is None else jax.lax.axis_index(axes) * size
+    shard = (offset(batch, q.shape[0]), offset(heads, q.shape[2]), b_total, n_total)
+    return attend(q, k, v, dropout_rng=rng, shard=shard)
+
+  rng = dropout_rng if dropout_rng is not None else jax.random.key(0)  # unused without dropout
+  return jax.shard_map(local, in_specs=(spec, spec, spec, P()), out_specs=spec, check_vma=False)(
+      q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, rng)
+
+
 def resolve_implementation(impl: str, *, dtype, has_bias: bool, has_dropout: bool, static_mask: bool,
                            lengths: tuple[int, int], mask_TxS=None) -> str:
   """Picks the concrete kernel for `impl`. 'auto' prefers the backend's fused kernel where it applies (cuDNN: bf16
@@ -164,8 +186,8 @@ def dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=N
     return block_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, dropout_rate=dropout_rate,
                            dropout_rng=dropout_rng)
   if chosen == "flash":
-    return flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, dropout_rate=dropout_rate,
-                           dropout_rng=dropout_rng, interpret=jax.default_backend() != "gpu")
+    return sharded_flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, dropout_rate=dropout_rate,
+                                   dropout_rng=dropout_rng, interpret=jax.default_backend() != "gpu")
   if chosen == "splash":
     return sharded_splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS)
   bias = None if bias is None else materialize_bias(bias)

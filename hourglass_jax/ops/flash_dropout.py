@@ -54,8 +54,10 @@ def _ranges(mask, rows: int, cols: int, along_rows: bool):
 class _Spec:
   """The static facts of one call: sizes, blocks, padded mask, tile ranges."""
 
-  def __init__(self, q_shape, s: int, mask_TxS, rate: float, block_q: int, block_k: int, block_bwd: int):
+  def __init__(self, q_shape, s: int, mask_TxS, rate: float, block_q: int, block_k: int, block_bwd: int,
+               heads_total: int):
     self.b, self.t, self.n, self.h = q_shape
+    self.heads_total = heads_total  # of the whole array, when this call sees one shard of it
     self.s, self.rate = s, rate
     self.hp = max(MIN_BLOCK, pl.next_power_of_2(self.h))
     self.bq, self.bk = _block(block_q, self.t), _block(block_k, s)
@@ -90,8 +92,11 @@ def _allowed(spec: _Spec, mask_ref, q0, k0, rows: int, cols: int):
 
 
 def _keep(spec: _Spec, seeds_ref, b, n, q0, k0, rows: int, cols: int):
-  """ops/dropout.keep_mask's bits for the tile at (q0, k0) of head (b, n)."""
-  row0 = ((b * spec.n + n) * spec.t + q0).astype(jnp.uint32)
+  """ops/dropout.keep_mask's bits for the tile at (q0, k0) of head (b, n) of this shard, whose first batch row
+  and head in the whole array are seeds_ref[2] and seeds_ref[3]."""
+  b_global = b.astype(jnp.uint32) + seeds_ref[2]
+  n_global = n.astype(jnp.uint32) + seeds_ref[3]
+  row0 = (b_global * jnp.uint32(spec.heads_total) + n_global) * jnp.uint32(spec.t) + q0.astype(jnp.uint32)
   row = row0 + jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 0)
   col = k0.astype(jnp.uint32) + jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 1)
   return mix32(mix32(col ^ seeds_ref[0]) ^ mix32(row ^ seeds_ref[1])) < spec.threshold
@@ -266,9 +271,13 @@ def _attention_fn(spec: _Spec, interpret: bool):
 
 def flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, dropout_rate: float = 0.0,
                     dropout_rng=None, interpret: bool = False, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-                    block_bwd: int = BLOCK_BWD):
+                    block_bwd: int = BLOCK_BWD, shard=None):
   """Attention (shapes as ops/attention.py; `mask_TxS` a numpy mask or None, no bias) with probability dropout
-  drawn as reference_attention(dropout_rng=...) draws it. Differentiable (custom VJP, masks recomputed)."""
+  drawn as reference_attention(dropout_rng=...) draws it. Differentiable (custom VJP, masks recomputed).
+
+  `shard`: (first batch row, first head, batch, heads) of the whole array when q, k and v are one device's shard
+  of it (inside jax.shard_map; the offsets may be traced), so every shard draws its part of the whole array's
+  mask rather than the same pattern."""
   if mask_TxS is not None and not isinstance(mask_TxS, np.ndarray):
     raise ValueError("flash_attention plans its tiles from the mask at trace time: it needs a numpy mask.")
   rate = float(dropout_rate) if dropout_rate > 0.0 and dropout_rng is not None else 0.0
@@ -276,12 +285,16 @@ def flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, dropout_r
     raise ValueError(f"dropout rate {dropout_rate!r} must be in [0, 1).")
   b, t, n, h = q_BxTxNxH.shape
   s = k_BxSxNxH.shape[1]
-  if b * n * t >= 2 ** 32:
-    raise ValueError(f"flash_attention dropout: {b} x {n} x {t} query rows exceed the hash's 2^32 counters.")
+  b_offset, n_offset, b_total, n_total = shard or (0, 0, b, n)
+  if b_total * n_total * t >= 2 ** 32:
+    raise ValueError(f"flash_attention dropout: {b_total} x {n_total} x {t} query rows exceed the hash's 2^32 "
+                     "counters.")
   key = None if mask_TxS is None else np.asarray(mask_TxS, bool)
   spec = _cached_spec((b, t, n, h), s, None if key is None else (key.shape, key.tobytes()), rate, block_q, block_k,
-                      block_bwd)
+                      block_bwd, n_total)
   seeds = jax.random.bits(dropout_rng, (2,), jnp.uint32) if rate else jnp.zeros((2,), jnp.uint32)
+  # [s0, s1, first batch row, first head]; four words, a power of two as Triton's blocks need
+  seeds = jnp.concatenate([seeds, jnp.asarray([b_offset, n_offset], jnp.uint32)])
   pad = lambda x, length: jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, spec.hp - h)))
   out = _attention_fn(spec, interpret)(pad(q_BxTxNxH, spec.tp), pad(k_BxSxNxH, spec.sp), pad(v_BxSxNxH, spec.sp),
                                         seeds)
@@ -289,6 +302,6 @@ def flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, dropout_r
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_spec(q_shape, s, mask_key, rate, block_q, block_k, block_bwd) -> _Spec:
+def _cached_spec(q_shape, s, mask_key, rate, block_q, block_k, block_bwd, heads_total) -> _Spec:
   mask = None if mask_key is None else np.frombuffer(mask_key[1], bool).reshape(mask_key[0])
-  return _Spec(q_shape, s, mask, rate, block_q, block_k, block_bwd)
+  return _Spec(q_shape, s, mask, rate, block_q, block_k, block_bwd, heads_total)
