@@ -107,6 +107,7 @@ def test_flash_lowers_to_triton_for_an_h100():
   assert text.count("__gpu$xla.gpu.triton") >= 3  # forward, dK/dV and dQ kernels
 
 
+@pytest.mark.skipif(jax.device_count() < 8, reason="a 2 x 2 x 2 mesh (8 virtual CPU devices)")
 def test_flash_per_shard_draws_its_part_of_the_whole_mask():
   # On a mesh the kernel runs per device (batch rows over data x fsdp, heads over tensor); each shard offsets its
   # rows in the hash, so the result is the one-device result, dropout included.
