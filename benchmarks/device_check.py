@@ -33,10 +33,12 @@ import time  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
-GPU_TESTS = ["tests/test_attention.py", "tests/test_flash_dropout.py",
-             "tests/test_decode.py::test_hourglass_decoding_matches_forward",
-             "tests/test_decode.py::test_vanilla_decoding_matches_forward", "tests/test_train_kinds.py"]
-DRY_TESTS = ["tests/test_flash_dropout.py::test_dispatcher_picks_flash_on_gpu_with_dropout"]
+# (group, pytest arguments): each group a subprocess of its own, so a slow one cannot void the others' outcome
+GPU_TESTS = [("attention", ["tests/test_attention.py", "tests/test_flash_dropout.py"]),
+             ("decoding parity", ["tests/test_decode.py", "-k", "hourglass_decoding_matches_forward or "
+                                  "vanilla_decoding_matches_forward"]),
+             ("every kind trains (bfloat16)", ["tests/test_train_kinds.py"])]
+DRY_TESTS = [("dispatcher", ["tests/test_flash_dropout.py::test_dispatcher_picks_flash_on_gpu_with_dropout"])]
 # key: (row name, configs/gpu.py preset, model overrides)
 TRAIN_CASES = {"dropout": ("enwik8 dropout 0.2", "", {}),
                "no_attention_dropout": ("enwik8 attention dropout 0", "", dict(attention_dropout=0.0)),
@@ -85,21 +87,37 @@ class Clock:
 
 
 def run_tests(args, clock: Clock) -> dict:
-  """The GPU-marked tests (on a CPU: skipped there, so --dry-run runs one logic test) in a subprocess."""
-  tests = DRY_TESTS if args.dry_run else GPU_TESTS
+  """The GPU-marked tests, unmarked-slow ones only (on a CPU they skip, so --dry-run runs one logic test), group
+  by group in pytest subprocesses, within --tests_s together."""
   env = dict(os.environ)
   if not args.dry_run:
     env.update(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *tests]
-  start = time.perf_counter()
-  try:
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=max(1.0, min(args.tests_s, clock.left())))
-    output, code = done.stdout + done.stderr, done.returncode
-  except subprocess.TimeoutExpired as error:
-    output, code = (error.stdout or b"").decode() if isinstance(error.stdout, bytes) else (error.stdout or ""), None
-  return dict(command=" ".join(command[1:]), returncode=code, timed_out=code is None, **pytest_outcome(output),
-              seconds=round(time.perf_counter() - start, 1), tail=output[-3000:])
+  deadline = time.perf_counter() + min(args.tests_s, clock.left())
+  groups, totals = [], {}
+  for name, tests in DRY_TESTS if args.dry_run else GPU_TESTS:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "not slow", *tests]
+    group = dict(name=name, command=" ".join(command[1:]))
+    groups.append(group)
+    left = deadline - time.perf_counter()
+    if left < 5:
+      group.update(skipped="out of time", counts={}, failures=[])
+      continue
+    start = time.perf_counter()
+    try:
+      done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
+      output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as error:
+      output = error.stdout.decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
+      code = None
+    group.update(returncode=code, timed_out=code is None, **pytest_outcome(output),
+                 seconds=round(time.perf_counter() - start, 1), tail=output[-2000:])
+    for word, n in group["counts"].items():
+      totals[word] = totals.get(word, 0) + n
+  failures = [f for g in groups for f in g["failures"]]
+  return dict(groups=groups, counts=totals, failures=failures,
+              timed_out=any(g.get("timed_out") or g.get("skipped") for g in groups),
+              command="-m pytest -m 'not slow' " + " ".join(" ".join(t) for _, t in
+                                                             (DRY_TESTS if args.dry_run else GPU_TESTS)))
 
 
 def pytest_outcome(output: str) -> dict:
@@ -281,6 +299,10 @@ def summary_markdown(results) -> str:
     counts = ", ".join(f"{n} {word}" for word, n in tests["counts"].items()) or "no summary"
     lines.append(f"\nTests (`{tests['command']}`): {counts}" + (", timed out" if tests["timed_out"] else "")
                  + (f"; failed: {', '.join(tests['failures'])}" if tests["failures"] else "") + ".")
+    for group in tests.get("groups", []):
+      state = group.get("skipped") or ("timed out" if group.get("timed_out") else
+                                       ", ".join(f"{n} {w}" for w, n in group["counts"].items()))
+      lines.append(f"- {group['name']}: {state}" + (f" in {group['seconds']} s" if "seconds" in group else ""))
   train = record.get("train") or []
   if train:
     lines += ["", "| train step | batch x length | params | attention | compile s | GiB | s/step | bytes/s | "
@@ -321,7 +343,7 @@ def main(argv=None) -> dict:
   record = dict(args=vars(args), dry_run=args.dry_run)
   if "tests" not in skip:  # first: the subprocess needs the GPU's memory before this process takes it
     record["tests"] = run_tests(args, clock)
-    print(f"tests: {record['tests']['counts']} in {record['tests']['seconds']} s", flush=True)
+    print(f"tests: {record['tests']['counts']}, failed: {record['tests']['failures']}", flush=True)
   from benchmarks.common import RESULTS, append_result
 
   record["environment"] = environment(args)

@@ -38,3 +38,13 @@ def test_summary_names_the_device_figures_skips_and_failures():
   assert "NVIDIA H100 80GB HBM3" in text and "1 failed, 9 passed, 2 skipped" in text and "tests/x.py::test_a" in text
   assert "| large | 16 x 2049 | 430M | flash | 50.0 | 40.0 | 0.5000 | 65,568 | 40.0% | 30.0% |" in text
   assert "out of time" in text and "523,256" in text and "12,345" in text and "XlaRuntimeError" in text
+
+
+def test_tests_stage_runs_each_group_in_pytest_and_reads_its_outcome(monkeypatch):
+  target = "tests/test_device_check.py::test_summary_names_the_device_figures_skips_and_failures"
+  monkeypatch.setattr(device_check, "DRY_TESTS", [("summary", [target]), ("missing", ["tests/no_such_file.py"])])
+  args = device_check.parse_args(["--dry-run"])
+  outcome = device_check.run_tests(args, device_check.Clock(120.0))
+  ok, missing = outcome["groups"]
+  assert ok["counts"] == {"passed": 1} and ok["returncode"] == 0, ok["tail"]
+  assert missing["returncode"] not in (0, None) and outcome["counts"]["passed"] == 1
