@@ -8,4 +8,4 @@ python=${1:-.venv/bin/python}
 shift || true
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: not found"
 # The battery stops itself at --budget_s (default 420 s, plus at most one compile); the timeout is the backstop.
-timeout 540 "$python" benchmarks/device_check.py "$@"
+XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90} timeout 540 "$python" benchmarks/device_check.py "$@"
