@@ -214,7 +214,7 @@ def _call(kernel, spec: _Spec, grid, in_specs, out_specs, out_shape, ranges, int
 
 
 def _rows(block: int, hp: int, order):
-  """BlockSpec of [B, L, N, H] arrays: `block` rows (None: all) of one head, grid indices mapped by `order`."""
+  """BlockSpec of [B, L, N, H] arrays: `block` rows of one head (padded to `hp`), placed by the grid map `order`."""
   return pl.BlockSpec((None, block, None, hp), order)
 
 
@@ -263,7 +263,7 @@ def _attention_fn(spec: _Spec, interpret: bool):
     return out, (q, k, v, seeds, out, lse)
 
   def attend_bwd(res, d_out):
-    return (*_backward(spec, interpret, *res[:4], res[4], res[5], d_out), None)
+    return (*_backward(spec, interpret, *res, d_out), None)  # no cotangent for the integer seeds
 
   attend.defvjp(attend_fwd, attend_bwd)
   return attend
