@@ -335,6 +335,23 @@ def summary_markdown(results) -> str:
   return "\n".join(lines) + "\n"
 
 
+def latest_summary(results_dir=None) -> str:
+  """The GPU section's markdown for a generated BENCHMARKS.md: summary_markdown of the newest device run in
+  results/device_*.json (dry runs left out), or a line saying none is measured yet."""
+  import json
+
+  from benchmarks.common import RESULTS
+
+  records = []
+  for path in sorted(pathlib.Path(results_dir or RESULTS).glob("device_*.json")):
+    runs = json.loads(path.read_text())
+    records += [run for run in (runs if isinstance(runs, list) else [runs]) if not run.get("dry_run")]
+  if not records:
+    return ("Not yet measured on a GPU: `bash benchmarks/device_check.sh` (docs/gpu.md) writes "
+            "benchmarks/results/device_<device>.json.\n")
+  return summary_markdown(max(records, key=lambda run: run.get("time", "")))
+
+
 def _slug(text: str) -> str:
   return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 

@@ -48,3 +48,13 @@ def test_tests_stage_runs_each_group_in_pytest_and_reads_its_outcome(monkeypatch
   ok, missing = outcome["groups"]
   assert ok["counts"] == {"passed": 1} and ok["returncode"] == 0, ok["tail"]
   assert missing["returncode"] not in (0, None) and outcome["counts"]["passed"] == 1
+
+
+def test_latest_summary_takes_the_newest_real_run_and_says_when_there_is_none(tmp_path):
+  assert "Not yet measured" in device_check.latest_summary(tmp_path)
+  run = lambda time, kind, dry: dict(time=time, dry_run=dry, environment=dict(
+      device_kind=kind, versions={}, peak_measured_bf16=1.0, peak_nominal_bf16=1.0, peak_nominal_source="-"))
+  (tmp_path / "device_a.json").write_text(json.dumps([run("2026-01-02", "GPU new", False)]))
+  (tmp_path / "device_b.json").write_text(json.dumps([run("2026-01-01", "GPU old", False),
+                                                      run("2026-01-03", "dry", True)]))
+  assert device_check.latest_summary(tmp_path).startswith("Device: GPU new")
