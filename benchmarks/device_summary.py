@@ -35,7 +35,7 @@ def summary_markdown(results) -> str:
               "MFU (measured peak) | MFU (nominal) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in train:
       cells = [r["name"], f"{r.get('batch', '-')} x {r.get('seq_len', '-')}",
-               f"{r['params'] / 1e6:.0f}M" if r.get("params") else "-", r.get("attention", "-"),
+               f"{r['params'] / 1e6:.3g}M" if r.get("params") else "-", r.get("attention", "-"),
                str(r.get("compile_s", "-")),
                f"{r['memory_bytes'] / 2**30:.1f}" if r.get("memory_bytes") else "-"]
       if "step_s" in r:
