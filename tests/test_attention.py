@@ -139,19 +139,21 @@ def test_auto_resolution_on_cpu():
     with pytest.raises(ValueError, match=f"attention_impl='{fused}' needs a"):
       resolve_implementation(fused, has_bias=False, has_dropout=False, **common)
   with pytest.raises(ValueError, match="not one of"):
-    resolve_implementation("flash", has_bias=False, has_dropout=False, **common)
+    resolve_implementation("tpu_flash", has_bias=False, has_dropout=False, **common)
 
 
 def test_auto_resolution_on_gpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # resolution is pure logic: no GPU needed
   causal = dict(dtype=jnp.bfloat16, static_mask=True, lengths=(2049, 2049), mask_TxS=causal_mask(2049))
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **causal) == "cudnn"
-  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **causal) == "block"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **causal) == "flash"  # Pallas, dropout inside
   assert resolve_implementation("auto", has_bias=True, has_dropout=False, **causal) == "block"
   float32 = dict(causal, dtype=jnp.float32)
   assert resolve_implementation("auto", has_bias=False, has_dropout=False, **float32) == "block"
   unmasked = dict(causal, mask_TxS=None)
-  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **unmasked) == "reference"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **unmasked) == "flash"
+  assert resolve_implementation("auto", has_bias=False, has_dropout=True, **dict(unmasked, dtype=jnp.float32)) \
+      == "reference"
 
 
 @pytest.mark.parametrize("mask_name", list(MASKS))
@@ -202,6 +204,7 @@ def test_splash_kernel_glue_matches_reference_in_the_pallas_interpreter(mask_nam
                              atol=1e-5)
 
 
+@pytest.mark.skipif(jax.device_count() < 8, reason="a 2 x 2 x 2 mesh (8 virtual CPU devices)")
 def test_splash_runs_per_shard_under_shard_map_on_a_sharded_mesh():
   """A Mosaic kernel cannot be partitioned by XLA: on a mesh, each device runs it on its own batch rows and heads."""
   mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)

@@ -14,7 +14,7 @@ from tests.helpers import CONFIGS, SMALL
     (dict(upsample="conv"), "model.upsample='conv'", "attention_repeat"),
     (dict(position="absolute"), "model.position='absolute'", "rope, relative"),
     (dict(dtype="float64"), "model.dtype='float64'", "bfloat16"),
-    (dict(attention_impl="flash"), "model.attention_impl='flash'", "splash"),
+    (dict(attention_impl="tpu_flash"), "model.attention_impl='tpu_flash'", "splash"),
     (dict(vocab_size=1), "model.vocab_size=1", ">= 2"),
     (dict(d_model=30), "model.d_model=30 is not divisible by model.num_heads=4", "multiple of num_heads"),
     (dict(num_heads=0), "model.num_heads=0", ">= 1"),

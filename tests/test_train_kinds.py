@@ -21,9 +21,8 @@ KINDS = {
 STEPS = 5
 
 
-@pytest.mark.parametrize("name", KINDS)
-def test_every_kind_trains(name):
-  cfg = tiny_config(model=dict(dropout=0.0, **KINDS[name]), mesh=dict(data=1))
+def _train(model: dict) -> tuple[list[float], object]:
+  cfg = tiny_config(model=model, mesh=dict(data=1))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   trainer = Trainer(cfg, mesh)
   with jax.set_mesh(mesh):
@@ -33,5 +32,19 @@ def test_every_kind_trains(name):
     for _ in range(STEPS):  # one batch, repeated: the loss must fall
       state, metrics = trainer.train_step(state, batch)
       losses.append(float(metrics["loss"]))
+  return losses, state
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_every_kind_trains(name):
+  losses, state = _train(dict(KINDS[name], dropout=0.0))
   assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
   assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the device battery's bfloat16 run on a GPU")
+@pytest.mark.parametrize("name", KINDS)
+def test_every_kind_trains_in_bfloat16_with_dropout_on_gpu(name):
+  # attention_impl='auto' with probability dropout in bfloat16 on a GPU: the Pallas flash kernel (ops/flash_dropout)
+  losses, _ = _train(dict(KINDS[name], dropout=0.1, dtype="bfloat16"))
+  assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses

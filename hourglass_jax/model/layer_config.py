@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 POSITIONS = ("rope", "relative")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "reference")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "flash", "reference")
 # What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.
 REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
 
@@ -71,7 +71,7 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
     raise ValueError(f"{prefix}attention_impl={s.attention_impl!r} is a fused kernel without attention-"
                      f"probability dropout, but the attention dropout is {s.attention_dropout_rate}; use "
                      f"'auto', 'xla' or 'block', or {prefix}attention_dropout=0.")
-  if s.attention_impl in ("cudnn", "splash") and s.position == "relative":
+  if s.attention_impl in ("cudnn", "splash", "flash") and s.position == "relative":
     raise ValueError(f"{prefix}attention_impl={s.attention_impl!r} cannot add Transformer-XL position biases; "
                      "use position='rope' or attention_impl='xla'.")
 

@@ -1,6 +1,6 @@
 """The training loop: lock the workdir, resume, train with progress and summaries, evaluate, checkpoint, stop
-cleanly on NaN, SIGTERM or Ctrl-C. Metrics are fetched one step late, so the host never waits for the device it is
-feeding."""
+cleanly on NaN, SIGTERM or Ctrl-C. Metrics are fetched one step late and batches are placed on the devices ahead
+(train/prefetch.py), so the host never waits for the device it is feeding."""
 
 import math
 import sys
@@ -16,6 +16,7 @@ from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError, warmup_warning
 from hourglass_jax.train.evaluate import describe, evaluate
+from hourglass_jax.train.prefetch import DevicePrefetch
 from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.report import report_compiled
 from hourglass_jax.train.trainer import Trainer
@@ -93,7 +94,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
     log(f"resuming from step {start} (checkpoint in {checkpoints.directory})")
   else:
     state, data_state, start = trainer.init_state(), None, 0
-  batches = trainer.train_iterator()
+  batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
   if data_state:
     batches.set_state(data_state)
   summary = dict(start_step=start, step=start, losses={}, eval=None, stopped="done", sample=None)
@@ -139,8 +140,7 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
   distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
   try:
     for step in range(start + 1, total + 1):
-      tokens = next(batches)
-      state, device_metrics = compiled(state, trainer.global_array(tokens))
+      state, device_metrics = compiled(state, next(batches))
       drain()
       pending = (step, device_metrics)
       summary["step"] = step
