@@ -2,6 +2,8 @@
 # `make test-fast`: the suite without the tests marked slow or multiprocess (docs/testing.md).
 # `make bench` / `make bench-quick`: the benchmark suite (see BENCHMARKS.md), full (about 1.5 hours on 2 busy CPU cores)
 # or quick (a few minutes). `make bench-report`: BENCHMARKS.md rewritten from benchmarks/results/.
+# `make mutation-check`: applies realistic one-line bugs one at a time to scratch copies and checks that the tests
+# catch each (scripts/mutation_check.py; pass options with ARGS=..., e.g. ARGS="--only fixed_shift").
 VENV := .venv
 STAMP := $(VENV)/.installed
 WORKDIR ?= workdirs/default
@@ -9,7 +11,7 @@ CONFIG ?= configs/default.py
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: train test test-fast setup clean bench bench-quick bench-report
+.PHONY: train test test-fast setup clean bench bench-quick bench-report mutation-check
 
 $(STAMP): setup.cfg pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh
@@ -42,6 +44,9 @@ bench-quick: $(BENCH_STAMP) .venv-peer/bin/python
 
 bench-report: $(STAMP)
 	$(VENV)/bin/python benchmarks/report.py
+
+mutation-check: $(STAMP)
+	$(VENV)/bin/python scripts/mutation_check.py --check-clean $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-peer .jax_cache workdirs .pytest_cache
