@@ -1,7 +1,8 @@
 """The test suite's shared helpers, in one module (test modules import from here, never from each other):
 
 - model tests: SMALL / small_config (one set of dimensions, so eager-mode op compilations are reused across tests),
-  the quick_compiles fixture, and the causality check (LENGTHS, assert_causal);
+  the quick_compiles fixture, the causality check (LENGTHS, assert_causal), and option grids (option_grid: every
+  pair of options, or the whole product with HOURGLASS_FULL_GRID=1);
 - config files: CONFIGS (the repository's configs/ folder) and load_config;
 - training-system tests: one config (batch 8, dropout, constant learning rate after warmup, a one-layer model unless
   the test is about the Hourglass itself) so runs of any length compile the same programs and share the persistent
@@ -12,6 +13,7 @@ Not helpers: tests/gcs_emulator.py (a fake GCS server) and tests/scale_out_probe
 
 import functools
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -50,6 +52,25 @@ def quick_compiles():
   jax.config.update("jax_disable_most_optimizations", True)
   yield
   jax.config.update("jax_disable_most_optimizations", previous)
+
+
+FULL_GRID = bool(os.environ.get("HOURGLASS_FULL_GRID"))
+
+
+def option_grid(*options) -> list[tuple]:
+  """Cases over several options (each a sequence of values): a covering design in which every value of every option
+  and every pair of values of two options appears at least once, or with HOURGLASS_FULL_GRID=1 the whole product.
+  Greedy and deterministic (the first case covering the most uncovered pairs wins), so test ids are stable."""
+  product = list(itertools.product(*options))
+  if FULL_GRID or len(options) < 3:
+    return product
+  pairs = lambda case: {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(case)), 2)}
+  uncovered, chosen = set().union(*map(pairs, product)), []
+  while uncovered:
+    best = max(product, key=lambda case: len(pairs(case) & uncovered))
+    chosen.append(best)
+    uncovered -= pairs(best)
+  return chosen
 
 
 # Causality by perturbation (tests/test_causality.py, tests/test_multiscale.py). 12 is a multiple of every factor

@@ -1,7 +1,5 @@
 """Causality by perturbation (every option) and by gradients (an independent second check)."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,17 +8,16 @@ import pytest
 from hourglass_jax.model.config import SHORTEN, UPSAMPLE
 from hourglass_jax.model.lm import build_body
 from hourglass_jax.testing import causality_violations
-from tests.helpers import LENGTHS, SMALL, assert_causal, small_config
+from tests.helpers import LENGTHS, SMALL, assert_causal, option_grid, small_config
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
 
 
-@pytest.mark.parametrize("position", ["rope", "relative"])
-@pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("hierarchy", [SINGLE_LEVEL, MULTI_LEVEL])
-@pytest.mark.parametrize("shorten, upsample", list(itertools.product(SHORTEN, UPSAMPLE)))
+@pytest.mark.parametrize("shorten, upsample, hierarchy, length, position",
+                         option_grid(SHORTEN, UPSAMPLE, [SINGLE_LEVEL, MULTI_LEVEL], LENGTHS, ["rope", "relative"]))
 def test_hourglass_is_causal(shorten, upsample, hierarchy, length, position):
+  """Every shorten x upsample pair, each option beside both hierarchies, lengths and position schemes."""
   assert_causal(small_config(hierarchy=hierarchy, shorten=shorten, upsample=upsample, position=position), length)
 
 

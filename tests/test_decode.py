@@ -17,8 +17,8 @@ from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, WHITESPACE_BYTES
-from tests.helpers import (SMALL, centered_gumbel_levels, dynamic_variables, quick_compiles,  # noqa: F401
-                           small_config)
+from tests.helpers import (SMALL, centered_gumbel_levels, dynamic_variables, option_grid,  # noqa: F401
+                           quick_compiles, small_config)
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
@@ -134,11 +134,13 @@ def slow_unless(sampled: bool):
 
 
 def hourglass_cases():
-  """The full product (80) of shorten x upsample x hierarchy x position; unmarked: a sample in which every shorten
-  and every upsample option runs, with both hierarchies and both position schemes across it."""
+  """Every pair of shorten x upsample x hierarchy x position values (`option_grid`: 20 cases, the product of 80
+  with HOURGLASS_FULL_GRID=1); unmarked: a sample in which every shorten and every upsample option runs, with
+  both hierarchies and both position schemes across it."""
   variants = list(itertools.product([SINGLE_LEVEL, MULTI_LEVEL], ["rope", "relative"]))
   sample = {(SHORTEN[i % len(SHORTEN)], upsample, *variants[i % len(variants)]) for i, upsample in enumerate(UPSAMPLE)}
-  cases = [(s, u, h, p) for s, u in itertools.product(SHORTEN, UPSAMPLE) for h, p in variants]
+  cases = option_grid(SHORTEN, UPSAMPLE, [SINGLE_LEVEL, MULTI_LEVEL], ["rope", "relative"])
+  cases += sorted(sample - set(cases))
   return [pytest.param(*case, i, marks=slow_unless(case in sample)) for i, case in enumerate(cases)]
 
 
@@ -229,18 +231,19 @@ def multiscale_config(fields, **overrides):
 
 
 def multiscale_cases():
-  """Every kind x downsampler (x upsampler) x position, and other scales (a scale with no layers, factors 3 and
-  6). Unmarked: every downsampler and upsampler through top-down (with both position schemes), and bottom-up and
-  retina once each (relative / rope, learned pooling; 'avg' pooling is the same code)."""
+  """Bottom-up and retina x downsampler x position, top-down over every pair of downsampler, upsampler and
+  position, and other scales (a scale with no layers, factors 3 and 6). Unmarked: every downsampler and upsampler
+  through top-down (with both position schemes), and bottom-up and retina once each (relative / rope, learned
+  pooling; 'avg' pooling is the same code)."""
   sample = [multiscale_config(TOPDOWN, downsampler="avg", upsampler="transposed_conv", position="rope"),
             multiscale_config(TOPDOWN, downsampler="conv", upsampler="repeat", position="relative"),
             multiscale_config(BOTTOMUP, downsampler="conv", position="relative"),
             multiscale_config(RETINA, downsampler="conv", position="rope")]
-  cases = []
-  for fields in (TOPDOWN, BOTTOMUP, RETINA):
-    upsamplers = UPSAMPLERS if fields is TOPDOWN else UPSAMPLERS[:1]
-    for down, up, position in itertools.product(DOWNSAMPLERS, upsamplers, ["rope", "relative"]):
-      cases.append(multiscale_config(fields, downsampler=down, upsampler=up, position=position))
+  cases = [multiscale_config(TOPDOWN, downsampler=down, upsampler=up, position=position)
+           for down, up, position in option_grid(DOWNSAMPLERS, UPSAMPLERS, ["rope", "relative"])]
+  for fields in (BOTTOMUP, RETINA):
+    for down, position in itertools.product(DOWNSAMPLERS, ["rope", "relative"]):
+      cases.append(multiscale_config(fields, downsampler=down, upsampler=UPSAMPLERS[0], position=position))
   cases += [multiscale_config(TOPDOWN, scales="6,3,1", layers_per_scale="1,0,1", downsampler="conv"),
             multiscale_config(RETINA, scales="6,2,1", retina_windows="0:2,2:7,7:11", downsampler="conv",
                               position="relative")]

@@ -22,7 +22,7 @@ from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.metrics import boundary_rates_apart
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables,  # noqa: F401  (autouse)
-                           load_config, quick_compiles, small_config, tiny_config)
+                           load_config, option_grid, quick_compiles, small_config, tiny_config)
 
 DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat")
 
@@ -44,11 +44,9 @@ def mixed_variables(model, length: int, **kwargs):
   raise AssertionError("no draw of variables gives a mixed boundary rate")
 
 
-CASES = [(boundaries, length, position, "mean") for boundaries in BOUNDARY_PREDICTORS for length in LENGTHS
-         for position in ("rope", "relative")] + [(boundaries, 11, "rope", "linear")
-                                                  for boundaries in BOUNDARY_PREDICTORS]
-QUICK = {("whitespace", 12, "rope", "mean"), ("gumbel", 11, "relative", "mean"), ("routing", 11, "rope", "mean"),
-         ("entropy", 12, "relative", "mean"), ("gumbel", 11, "rope", "linear")}  # the rest run in the full suite
+# Every pair of predictor, length, position scheme and pooling (`option_grid`).
+CASES = option_grid(BOUNDARY_PREDICTORS, LENGTHS, ("rope", "relative"), ("mean", "linear"))
+QUICK = set(CASES[::2]) | {CASES[3]}  # each predictor, length, position and pooling; the rest: the full suite
 
 
 @pytest.mark.parametrize("boundaries, length, position, pooling",

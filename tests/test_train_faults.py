@@ -94,16 +94,18 @@ def test_kill_9_loses_only_the_steps_since_the_last_save(tmp_path):
 
 
 def test_unreadable_latest_checkpoint_is_moved_aside_and_the_previous_one_used(tmp_path):
-  cfg = tiny_config(steps=4, checkpoint=dict(every_steps=2))
+  """Also: only the latest `checkpoint.keep` checkpoints stay (step 2 of 2, 4, 6 is pruned)."""
+  cfg = tiny_config(steps=6, checkpoint=dict(every_steps=2, keep=2))
   train_and_evaluate(cfg, tmp_path, log=quiet)
-  for path in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "6"]
+  for path in (tmp_path / "checkpoints" / "6" / "state").rglob("*"):
     if path.is_file():
       path.write_bytes(b"garbage")
   messages = []
   resumed = train_and_evaluate(cfg, tmp_path, log=messages.append)
-  assert resumed["start_step"] == 2 and sorted(resumed["losses"]) == [3, 4]
-  assert any("checkpoint step 4" in m and "unreadable" in m and "falling back to step 2" in m for m in messages)
-  assert sorted(p.name.split("-")[0] for p in (tmp_path / "checkpoints_unreadable").iterdir()) == ["4", "README.txt"]
+  assert resumed["start_step"] == 4 and sorted(resumed["losses"]) == [5, 6]
+  assert any("checkpoint step 6" in m and "unreadable" in m and "falling back to step 4" in m for m in messages)
+  assert sorted(p.name.split("-")[0] for p in (tmp_path / "checkpoints_unreadable").iterdir()) == ["6", "README.txt"]
 
 
 def test_divergence_stops_before_writing_a_poisoned_checkpoint(tmp_path, monkeypatch):

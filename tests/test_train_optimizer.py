@@ -7,7 +7,7 @@ import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.train import metrics
-from hourglass_jax.train.optimizer import decay_mask, make_schedule
+from hourglass_jax.train.optimizer import decay_mask, make_optimizer, make_schedule
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import tiny_config
 
@@ -28,6 +28,23 @@ def test_weight_decay_skips_norms_and_biases():
   params = {"mlp": {"wi": {"kernel": 1, "bias": 1}}, "norm": {"scale": 1, "bias": 1}, "embed": {"embedding": 1}}
   assert decay_mask(params) == {"mlp": {"wi": {"kernel": True, "bias": False}},
                                 "norm": {"scale": False, "bias": False}, "embed": {"embedding": True}}
+
+
+def test_gradients_are_clipped_before_adamw():
+  """Clipping acts on the gradients, not on AdamW's updates: two steps against a NumPy transcription of Adam fed
+  the clipped gradients (a learning rate of 1, so the updates themselves exceed the clip norm)."""
+  b1, b2, eps, clip = 0.9, 0.95, 1e-8, 1.0
+  cfg = tiny_config(train=dict(schedule="constant", learning_rate=1.0, warmup_steps=0, weight_decay=0.0, b1=b1,
+                               b2=b2, eps=eps, grad_clip_norm=clip))
+  optimizer, _ = make_optimizer(cfg.train)
+  params = {"w": {"kernel": jnp.zeros(2)}}
+  state, m, v = optimizer.init(params), np.zeros(2), np.zeros(2)
+  for t, g in enumerate((np.array([100.0, 0.0]), np.array([0.5, -0.25])), start=1):
+    updates, state = optimizer.update({"w": {"kernel": jnp.asarray(g, jnp.float32)}}, state, params)
+    g = g * min(1.0, clip / np.linalg.norm(g))
+    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    expected = -(m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+    np.testing.assert_allclose(np.asarray(updates["w"]["kernel"]), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
