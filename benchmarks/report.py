@@ -16,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report_tables as tables  # noqa: E402
+from benchmarks.device_summary import latest_summary  # noqa: E402
 
 PAGE = ROOT / "BENCHMARKS.md"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -89,6 +90,8 @@ def page(results: pathlib.Path = RESULTS) -> str:
       *headline(results),
       "",
       tables.throughput_section(results),
+      "## GPU device battery\n",
+      latest_summary(results),
       tables.study_section(study, deep),
       tables.learning_section(load(results, "learning.json")[-1]),
       tables.dynamic_section(results),
