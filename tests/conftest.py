@@ -1,5 +1,8 @@
-"""Test set-up: 8 virtual CPU devices, set before jax is imported anywhere, and a persistent compilation cache
-shared by the xdist workers and the subprocesses tests start (identical programs compile once per machine)."""
+"""Test set-up, set before jax is imported anywhere and inherited by the subprocesses tests start: 8 virtual CPU
+devices; XLA's backend optimisations off (JAX_DISABLE_MOST_OPTIMIZATIONS: the suite's programs are tiny, so LLVM's
+optimisation passes cost far more than they save; HLO passes, and so cost and memory analyses, are unchanged); and
+a persistent compilation cache that keeps every program (not only those that took a second to compile), shared by
+the xdist workers and the subprocesses, so identical programs compile once per machine."""
 
 import gc
 import os
@@ -11,6 +14,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ["JAX_PLATFORMS"] != "cpu":  # float32 tolerances of 1e-5 assume full-precision matmuls, not GPU TF32
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax_compilation_cache"))
 
