@@ -19,6 +19,10 @@ find_python() {
   return 1
 }
 
+if [[ -x .venv/bin/python ]] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  echo "removing .venv: it has no pip (an interrupted set-up?)"
+  rm -rf .venv
+fi
 if [[ ! -x .venv/bin/python ]]; then
   python=$(find_python) || { echo "error: need Python >= 3.12 (jax 0.12 requires it); install python3.12 or set PYTHON=/path/to/python3.12" >&2; exit 1; }
   echo "creating .venv with $python ($("$python" --version))"
