@@ -44,6 +44,9 @@ def check_writable_location(path, what: str, create: bool = False) -> None:
   """Raises ValueError, before any long work, when `path` is a URL this install cannot open or whose service does
   not answer (the storage clients would retry for minutes), names a file, or (`create`) cannot be made a folder."""
   text = os.fspath(path)
+  if not text.strip():
+    raise ValueError(f"{what} is empty; pass a folder (e.g. {what}=runs/my_run): an empty one would write into the "
+                     "current directory.")
   if not is_remote(text):
     _check_local_folder(text, what, create)
     return

@@ -21,8 +21,9 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processe
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, for manual launches.")
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", None, "Persistent XLA compilation cache folder (local or gs://), or 'off'. Default: "
-    "$JAX_COMPILATION_CACHE_DIR if set, else WORKDIR/jax_cache for a gs:// workdir, else "
-    "$XDG_CACHE_HOME/hourglass_jax/xla (~/.cache/hourglass_jax/xla).")
+    "$JAX_COMPILATION_CACHE_DIR if set, else "
+    "$XDG_CACHE_HOME/hourglass_jax/xla (~/.cache/hourglass_jax/xla). Its programs run as native code: name only a "
+    "cache you trust.")
 _HOST_MALLOC = flags.DEFINE_enum(
     "host_malloc", "auto", host_memory.MODES,
     "glibc malloc on the CPU backend: keep = keep freed memory, so XLA:CPU's per-step temp buffer is not mapped and "
