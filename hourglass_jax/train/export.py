@@ -48,8 +48,10 @@ def verify_params(params, record: dict, where: str, log=print) -> None:
                      f"saved (e.g. {', '.join(altered[:3])}); export an earlier step with --step.")
 
 
-def export_params(workdir, output_dir, step: int | None = None, dtype: str | None = None, log=print) -> dict:
-  """Writes checkpoint `step` (default: the newest) of `workdir` to `output_dir`/model.safetensors + config.json.
+def export_params(workdir, output_dir, step: int | None = None, dtype: str | None = None, log=print,
+                  overwrite: bool = False) -> dict:
+  """Writes checkpoint `step` (default: the newest) of `workdir` to `output_dir`/model.safetensors + config.json,
+  atomically; a folder holding another export is replaced only with `overwrite` (weights.save_params).
 
   Read-only like hourglass-eval: it takes no workdir lock, so it can export from a run in progress. `dtype`
   'bfloat16' halves the file; None keeps the float32 the run saved. Returns the model card.
@@ -75,7 +77,7 @@ def export_params(workdir, output_dir, step: int | None = None, dtype: str | Non
     params = restore_params(reader, step, where)
   verify_params(params, record, where, log)
   card = weights.save_params(params, record["model"], output_dir, step=step, seq_len=record.get("seq_len"),
-                             dtype=dtype)
+                             dtype=dtype, overwrite=overwrite)
   log(f"exported step {step}: {card['num_params']:,} parameters ({card['weights_dtype']}) to "
       f"{paths.as_path(output_dir) / weights.WEIGHTS_FILE} and {weights.CARD_FILE}")
   return card
