@@ -132,3 +132,22 @@ def test_text_files_refuses_a_link_out_of_the_folder(tmp_path):
   (folder / "b.txt").symlink_to(secret)
   with pytest.raises(ValueError, match="b.txt links to .*secret.txt, outside the folder"):
     find_documents([str(folder)])
+
+
+def test_an_enwik8_archive_of_the_right_size_but_other_bytes_is_refused(tmp_path):
+  import zipfile
+
+  from hourglass_jax.data import enwik8
+
+  archive = tmp_path / "enwik8.zip"
+  with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+    zf.writestr("enwik8", bytes(enwik8.ENWIK8_BYTES))  # 100 MB of zeros: size and CRC are right
+  with pytest.raises(ValueError, match="has the right size but not enwik8's content.*download .* again"):
+    enwik8.check_archive(archive)
+  small = tmp_path / "small.zip"
+  with zipfile.ZipFile(small, "w") as zf:
+    zf.writestr("enwik8", b"abc")
+  import hashlib
+  enwik8.check_archive(small, 3, hashlib.sha256(b"abc").hexdigest())
+  with pytest.raises(ValueError, match="not enwik8's content"):
+    enwik8.check_archive(small, 3, "0" * 64)
