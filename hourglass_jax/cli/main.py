@@ -75,6 +75,19 @@ def _run(fn):
     sys.exit(f"error: {error}")
 
 
+def _run_reader(fn, what: str):
+  """`_run` for commands that write nothing a later run needs (eval, sample, export, data): Ctrl-C ends them with
+  one line and exit status 130 instead of a traceback."""
+  try:
+    return _run(fn)
+  except KeyboardInterrupt:
+    from hourglass_jax.train import preemption
+
+    print(f"error: {what} interrupted (Ctrl-C); nothing was lost: rerun the same command to start it again.",
+          file=sys.stderr)
+    sys.exit(preemption.EXIT_INTERRUPTED)
+
+
 def _train(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -103,7 +116,8 @@ def _eval(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
-  _run(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value,
+                                                                            _SPLIT.value), "hourglass-eval")
 
 
 def train_entry():
@@ -161,7 +175,8 @@ def _sample(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.cli import sample_flags
 
-  _run(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run_reader(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value),
+              "hourglass-sample")
 
 
 def sample_entry():
@@ -177,8 +192,8 @@ def _export(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.cli import export_flags
 
-  _run(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
-       or export_flags.run(_WORKDIR.value))
+  _run_reader(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
+              or export_flags.run(_WORKDIR.value), "hourglass-export")
 
 
 def export_entry():

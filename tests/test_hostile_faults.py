@@ -1,0 +1,70 @@
+"""Hostile workdirs and faults (issue 45): a dangling link as the lock, a full disk while taking the lock, Ctrl-C
+during evaluation, and a --data_dir that names a file end in one line naming the path and the fix."""
+
+import errno
+import os
+
+import pytest
+
+from hourglass_jax import paths
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.workdir_lock import WorkdirLock
+from tests.helpers import quiet
+
+
+@pytest.mark.parametrize("target", ["missing", "elsewhere"])
+def test_a_link_as_the_lock_is_refused_in_one_line(tmp_path, target):
+  (tmp_path / "elsewhere").write_text("{}")
+  (tmp_path / "lock").symlink_to(tmp_path / target)
+  with pytest.raises(TrainError, match=r"lock is a symbolic link .*delete the link and rerun"):
+    with WorkdirLock(tmp_path, quiet):
+      pass
+  assert (tmp_path / "elsewhere").read_text() == "{}"  # the link's target is left alone
+
+
+def test_a_full_disk_while_locking_names_the_lock_and_leaves_none(tmp_path, monkeypatch):
+  real_fdopen = os.fdopen
+
+  class FullDisk:
+    def __init__(self, fd, mode):
+      self.file = real_fdopen(fd, mode)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.file.close()
+
+    def write(self, text):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "fdopen", FullDisk)
+  with pytest.raises(TrainError, match=rf"cannot write the lock file {tmp_path / 'lock'} \(No space left on device\)"
+                                       ".*free disk space"):
+    with WorkdirLock(tmp_path, quiet):
+      pass
+  monkeypatch.undo()
+  assert not os.path.lexists(tmp_path / "lock")
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_data_dir_that_is_a_file_names_the_flag(tmp_path, under):
+  (tmp_path / "file").write_text("x")
+  given = tmp_path / "file" / "sub" if under else tmp_path / "file"
+  with pytest.raises(ValueError, match=rf"--data_dir={given} (is a file|lies under the file .*file); pass a folder"):
+    paths.check_local_data_dir(str(given), "--data_dir")
+  paths.check_local_data_dir(str(tmp_path / "new" / "data"), "--data_dir")
+  paths.check_local_data_dir("", "--config.data.data_dir")  # unset: the default folder
+
+
+def test_ctrl_c_in_a_reading_command_is_one_line_and_exit_130(capsys):
+  from hourglass_jax.cli import main
+
+  def interrupted():
+    raise KeyboardInterrupt
+
+  with pytest.raises(SystemExit) as exit_:
+    main._run_reader(interrupted, "hourglass-eval")
+  assert exit_.value.code == 130
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: hourglass-eval interrupted (Ctrl-C)") and "\n" not in err
