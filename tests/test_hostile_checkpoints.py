@@ -102,3 +102,30 @@ def test_export_reads_the_record_beside_the_data(trained, tmp_path):
   _flip_array_bytes(copy / "checkpoints" / "4")
   with pytest.raises(TrainError, match="checkpoint step 4 .*(fails its integrity check|unreadable)"):
     export_params(copy, tmp_path / "out2", log=quiet)
+
+
+def test_evaluation_beside_a_pruning_run_reads_the_newer_checkpoint(trained, tmp_path, monkeypatch):
+  """Between listing and reading, the training run saves step 6 and prunes step 4 (issue 45, case 18): the reader
+  says so and reads step 6, not 'unreadable' then 'no checkpoint'."""
+  import orbax.checkpoint as ocp
+
+  workdir, cfg, trainer, state4, _ = trained
+  copy = _copy(trained, tmp_path)
+  real_restore, pruned = ocp.CheckpointManager.restore, []
+
+  def restore(manager, step, *args, **kwargs):
+    if step == 4 and not pruned:
+      pruned.append(step)
+      (copy / "checkpoints" / "4").rename(copy / "checkpoints" / "6")
+    return real_restore(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+  messages = []
+  with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append,
+                                               read_only=True) as checkpoints:
+    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+  assert step == 6 and pruned, messages
+  assert any("step 4" in m and "was removed while being read" in m and "reading step 6 instead" in m
+             for m in messages), messages
+  assert not any("unreadable" in m for m in messages), messages
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)

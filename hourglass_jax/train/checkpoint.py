@@ -131,7 +131,10 @@ class Checkpoints:
     read-only) and the previous one is tried; so is one of the current format that records no fingerprints or
     settings, unless `allow_unverified`.
     """
-    for step in reversed(self.all_steps()):
+    pruned = 0
+    steps = list(reversed(self.all_steps()))
+    while steps:
+      step = steps.pop(0)
       self.check_compatible(step, abstract, config, allow_settings_change)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -149,6 +152,14 @@ class Checkpoints:
                                  allow_unverified=allow_unverified)
         except Exception as error:
           problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+      if problem and self.read_only and pruned < 10 and not (self.directory / str(step)).exists():
+        pruned += 1  # a training run deleted it meanwhile (keeping its latest N): its newer ones are the ones to read
+        self._records.pop(step, None)
+        self.manager.reload()
+        steps = list(reversed(self.all_steps()))
+        self.log(f"checkpoint step {step} under {self.directory} was removed while being read (the training run "
+                 f"keeps its latest checkpoints only); reading step {steps[0] if steps else '(none left)'} instead.")
+        continue
       if problem:
         older = [s for s in self.all_steps() if s < step]
         self.log(f"checkpoint step {step} under {self.directory} {problem}; "
