@@ -68,3 +68,21 @@ def test_ctrl_c_in_a_reading_command_is_one_line_and_exit_130(capsys):
   assert exit_.value.code == 130
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: hourglass-eval interrupted (Ctrl-C)") and "\n" not in err
+
+
+def test_an_archive_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
+  """cifar10 / downsampled ImageNet archives whose checksum does not match: TFDS's error, as one line with the fix."""
+  import tensorflow_datasets as tfds
+  from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
+
+  from hourglass_jax.data import tfds_io
+
+  def wrong_checksum(builder, **kwargs):
+    raise NonMatchingChecksumError(f"Artifact https://x/cifar-10.tar.gz, downloaded to {tmp_path}/c.tar.gz, has "
+                                   "wrong checksum:\n* Expected: ...\n* Got: ...")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", wrong_checksum)
+  with pytest.raises(ValueError, match=r"digits: Artifact .* has wrong checksum: a truncated, damaged or wrong file\. "
+                                       "Delete it, download it again") as error:
+    tfds_io.prepare("digits", str(tmp_path / "data"), progress=False, log=quiet)
+  assert "\n" not in str(error.value)
