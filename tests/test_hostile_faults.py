@@ -86,3 +86,29 @@ def test_an_archive_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
                                        "Delete it, download it again") as error:
     tfds_io.prepare("digits", str(tmp_path / "data"), progress=False, log=quiet)
   assert "\n" not in str(error.value)
+
+
+def test_orbax_disk_full_tracebacks_are_left_to_the_one_line_report(tmp_path):
+  """A full disk during an async save: Orbax's threads log a traceback each; while checkpoints are open those
+  records are dropped (Checkpoints raises one TrainError naming the folder), other records pass."""
+  import logging
+
+  from absl import logging as absl_logging
+
+  from hourglass_jax.train.checkpoint import Checkpoints
+
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logger = logging.getLogger("absl")
+  logger.addHandler(handler)
+  try:
+    with Checkpoints(tmp_path / "checkpoints", log=quiet):
+      try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+      except OSError:
+        absl_logging.exception("_SignalingThread.run() raised an exception")
+      absl_logging.error("some other failure")
+  finally:
+    logger.removeHandler(handler)
+  assert [r.getMessage() for r in records] == ["some other failure"]

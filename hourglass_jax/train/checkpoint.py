@@ -9,6 +9,7 @@ does not switch their checks off. A format-2 checkpoint whose record lacks them 
 in its metadata, or restored unverified with a warning when it has none."""
 
 import errno
+import logging
 import re
 import time
 
@@ -48,6 +49,15 @@ def _is_disk_full(error: BaseException | None) -> bool:
   return False
 
 
+class _QuietDiskFull(logging.Filter):
+  """Drops Orbax's background-thread log records (a traceback each, dozens per failed save) about a full disk:
+  `Checkpoints` reports that itself, in one line naming the folder and the fix."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_is_disk_full(error) or "No space left on device" in record.getMessage())
+
+
 def has_per_block_layout(names) -> bool:
   """Whether array paths like 'params/body/pre/block_0/...' (hourglass_jax 0.1, before stacks were scanned)
   appear in `names`."""
@@ -76,9 +86,10 @@ class Checkpoints:
         create=not read_only)
     handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-    self._records = {}
+    self._records, self._quiet = {}, _QuietDiskFull()
 
   def __enter__(self):
+    logging.getLogger("absl").addFilter(self._quiet)
     self.manager.__enter__()
     return self
 
@@ -86,7 +97,10 @@ class Checkpoints:
     try:
       self.wait()
     finally:
-      self.manager.__exit__(*exc)
+      try:
+        self.manager.__exit__(*exc)
+      finally:
+        logging.getLogger("absl").removeFilter(self._quiet)
 
   def should_save(self, step: int) -> bool:
     return self.manager.should_save(step)
