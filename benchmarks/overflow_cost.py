@@ -25,6 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import shortening_study as study  # noqa: E402
 from benchmarks.common import append_result, loadavg  # noqa: E402
 from hourglass_jax.train.evaluate import evaluate_checkpoint  # noqa: E402
+from hourglass_jax import memory_maps  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
 QUICK_BUDGET_TFLOP = 0.004
@@ -62,6 +63,7 @@ def main(argv=None) -> dict:
     cfg.checkpoint.allow_settings_change = True  # only the number of slots changes
     for slots in capacities:
       if evaluations:
+        memory_maps.release_programs()  # one evaluation program per capacity: drop the previous one's maps
         cfg.model.segment_capacity = slots
         result = evaluate_checkpoint(cfg, workdir, log=lambda message: None)
       run = dict(eval_metrics=result["metrics"])

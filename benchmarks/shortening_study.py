@@ -44,6 +44,7 @@ from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.config.dynamic import with_dynamic_shortening  # noqa: E402
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES  # noqa: E402
 from hourglass_jax.train.checks import TrainError  # noqa: E402
+from hourglass_jax import memory_maps  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
 FACTOR = 4
@@ -193,6 +194,7 @@ def train_once(cfg) -> dict:
       summary = train_and_evaluate(cfg, workdir, log=lambda message: None)
     except TrainError as error:  # a learning rate too high for the model: recorded, and loses the sweep
       return dict(valid_bits=None, error=str(error).splitlines()[0], wall_s=round(time.perf_counter() - start, 1))
+  memory_maps.release_programs()  # each run compiles its own programs: keep the process under vm.max_map_count
   if summary["stopped"] != "done":  # SIGTERM or Ctrl-C: the run is not scored, so nothing is recorded
     raise SystemExit(f"shortening_study: training was {summary['stopped']} at step {summary['step']} of "
                      f"{cfg.train.steps}; that run is not recorded, rerun the same command to train it again.")

@@ -61,12 +61,12 @@ def directory() -> str | None:
 
 
 def default_location(workdir=None) -> str:
-  """$JAX_COMPILATION_CACHE_DIR if set; else <workdir>/jax_cache for a bucket workdir (every host of a pod shares
-  it); else the user cache folder ($XDG_CACHE_HOME or ~/.cache)/hourglass_jax/xla."""
+  """$JAX_COMPILATION_CACHE_DIR if set; else the user cache folder ($XDG_CACHE_HOME or ~/.cache)/hourglass_jax/xla,
+  whatever the workdir: a cache holds native code that this process runs, so a bucket workdir's cache (written by
+  whoever can write the bucket) is used only when asked for by --compilation_cache or the variable (docs/weights.md)."""
+  del workdir
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
-  if workdir and paths.is_remote(workdir):
-    return os.fspath(workdir).rstrip("/") + "/jax_cache"
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(base, "hourglass_jax", "xla")
 

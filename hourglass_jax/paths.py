@@ -31,8 +31,17 @@ def as_path(path) -> epath.Path:
 
 def check_local_data_dir(path, what: str) -> None:
   """Raises ValueError for a bucket URL: TFDS's array_record files are written and read through local files (the
-  array_record reader and writer cannot open gs:// paths), so a data dir must be a local or mounted folder."""
+  array_record reader and writer cannot open gs:// paths), so a data dir must be a local or mounted folder; and
+  for a local path that is, or lies under, a file."""
   text = os.fspath(path)
+  if text and not is_remote(text):
+    folder = os.path.abspath(os.path.expanduser(text))
+    above = folder
+    while not os.path.exists(above):
+      above = os.path.dirname(above)
+    if not os.path.isdir(above):
+      where = "is a file" if above == folder else f"lies under the file {above}"
+      raise ValueError(f"{what}={text} {where}; pass a folder for the datasets (a new one is created).")
   if is_remote(text):
     raise ValueError(f"{what}={text}: datasets are array_record files, which are read and written as local files "
                      "only. Prepare into a local folder and copy it to the bucket (gcloud storage rsync --recursive "
@@ -44,6 +53,9 @@ def check_writable_location(path, what: str, create: bool = False) -> None:
   """Raises ValueError, before any long work, when `path` is a URL this install cannot open or whose service does
   not answer (the storage clients would retry for minutes), names a file, or (`create`) cannot be made a folder."""
   text = os.fspath(path)
+  if not text.strip():
+    raise ValueError(f"{what} is empty; pass a folder (e.g. {what}=runs/my_run): an empty one would write into the "
+                     "current directory.")
   if not is_remote(text):
     _check_local_folder(text, what, create)
     return

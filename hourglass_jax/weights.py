@@ -1,10 +1,13 @@
 """Parameters as a safetensors file plus a JSON model card, for use outside a training workdir: `save_params` writes
 `model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel') and `config.json` (the
-model section and what the weights are); `load_params` builds the model from the card and checks every array."""
+model section, what the weights are and each array's SHA-256), both atomically; `load_params` builds the model from
+the card and checks every array's name, shape and checksum."""
 
 import dataclasses
+import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping
 
 import flax.linen as nn
@@ -20,7 +23,7 @@ from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import function_changes
 
 WEIGHTS_FILE, CARD_FILE = "model.safetensors", "config.json"
-FORMAT, FORMAT_VERSION = "hourglass_jax", 1
+FORMAT, FORMAT_VERSION = "hourglass_jax", 2  # 2: the card holds 'checksums', which load_params requires
 CARD_KEY = "config"  # the safetensors metadata entry holding the card, so the file alone is enough
 DTYPES = ("float32", "bfloat16")
 
@@ -40,12 +43,23 @@ def _model_dict(model_cfg) -> dict:
   return dataclasses.asdict(cfg)
 
 
+def checksum(array) -> str:
+  """SHA-256 of an array's bytes as the file stores them (C order), its dtype and shape."""
+  array = np.ascontiguousarray(array)
+  digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+  digest.update(array.view(np.uint8).reshape(-1) if array.size else b"")
+  return digest.hexdigest()
+
+
 def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len: int | None = None,
-                dtype: str | None = None) -> dict:
+                dtype: str | None = None, overwrite: bool = False) -> dict:
   """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
 
   `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `dtype`
-  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained).
+  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Each file is
+  written under a temporary name and renamed into place, so a kill or a full disk leaves the previous export (or
+  nothing) rather than a truncated file. A folder holding another export (other arrays) is replaced only with
+  `overwrite`; the same export again is allowed.
   """
   if dtype is not None and dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)} (or None: as saved).")
@@ -54,14 +68,46 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
     flat = {k: v.astype(dtype, copy=False) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
   card = dict(format=FORMAT, format_version=FORMAT_VERSION, hourglass_jax_version=__version__, step=step,
               seq_len=seq_len, num_params=int(sum(v.size for v in flat.values())),
-              weights_dtype=dtype or str(next(iter(flat.values())).dtype), model=_model_dict(model_cfg))
+              weights_dtype=dtype or str(next(iter(flat.values())).dtype), model=_model_dict(model_cfg),
+              checksums={key: checksum(value) for key, value in sorted(flat.items())})
   text = json.dumps(card, indent=2)
   out = paths.as_path(output_dir)
+  if not overwrite:
+    _check_replaceable(out, card)
   out.mkdir(parents=True, exist_ok=True)
-  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
-  (out / WEIGHTS_FILE).write_bytes(safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}))
-  (out / CARD_FILE).write_text(text + "\n")
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does. The weights go
+  # first: a kill between the two renames leaves new weights beside the old card, whose checksums refuse them.
+  _write_atomically(out / WEIGHTS_FILE, safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}))
+  _write_atomically(out / CARD_FILE, (text + "\n").encode())
   return card
+
+
+def _write_atomically(path, data: bytes) -> None:
+  temporary = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+  try:
+    temporary.write_bytes(data)
+    temporary.replace(path)
+  except BaseException:
+    try:
+      temporary.unlink(missing_ok=True)
+    except OSError:
+      pass
+    raise
+
+
+def _check_replaceable(out, card: dict) -> None:
+  """Raises ValueError when `out` holds an export other than `card`'s (different arrays or model)."""
+  present = [name for name in (WEIGHTS_FILE, CARD_FILE) if (out / name).exists()]
+  if not present:
+    return
+  try:
+    old = json.loads((out / CARD_FILE).read_text())
+    same = old.get("checksums") == card["checksums"] and old.get("model") == card["model"]
+  except (OSError, ValueError, AttributeError):
+    same = False
+  if not same:
+    raise ValueError(f"{out} already holds {' and '.join(present)} of another export; pass another folder, or "
+                     "--overwrite (overwrite=True) to replace it.")
 
 
 def _locate(path) -> tuple[str, str]:
@@ -74,26 +120,63 @@ def _locate(path) -> tuple[str, str]:
   return weights, os.path.join(os.path.dirname(weights), CARD_FILE)
 
 
+_AGAIN = "export it again with hourglass-export (or download it again)"
+
+
 def read_card(path) -> dict:
   """The model card of exported weights: config.json beside them (which may be edited, e.g. its attention_impl),
-  else the copy in the safetensors metadata. Raises ValueError when the two disagree on what the weights compute."""
+  else the copy in the safetensors metadata. Raises ValueError, naming the file, when either is unreadable or
+  malformed, or when the two disagree on what the weights compute."""
   weights, card_file = _locate(path)
-  with safetensors.safe_open(weights, framework="np") as f:
-    embedded = (f.metadata() or {}).get(CARD_KEY)
-  embedded = json.loads(embedded) if embedded else None
+  try:
+    with safetensors.safe_open(weights, framework="np") as f:
+      embedded = (f.metadata() or {}).get(CARD_KEY)
+    embedded = json.loads(embedded) if embedded else None
+  except (safetensors.SafetensorError, OSError, ValueError) as error:
+    raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
+                     f"damaged: {_AGAIN}.") from None
   if not os.path.isfile(card_file):
     if embedded is None:
       raise ValueError(f"{weights} carries no model card and there is no {card_file}: write the {CARD_FILE} that "
                        "hourglass-export wrote with it beside the file.")
-    return embedded
-  with open(card_file, encoding="utf-8") as f:
-    card = json.load(f)
+    return _checked_card(embedded, weights)
+  try:
+    with open(card_file, encoding="utf-8") as f:
+      card = json.load(f)
+  except (OSError, ValueError) as error:
+    raise ValueError(f"{card_file} is not readable JSON ({_first_line(error)}); restore the {CARD_FILE} "
+                     f"hourglass-export wrote, delete it (the card inside {WEIGHTS_FILE} is then used), or "
+                     f"{_AGAIN}.") from None
   if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
     raise ValueError(f"{card_file} holds no 'model' section; restore the {CARD_FILE} hourglass-export wrote.")
   if embedded is not None and (differ := function_changes(embedded["model"], card["model"], "file", CARD_FILE)):
     raise ValueError(f"{card_file} does not match the model {weights} was exported from ({'; '.join(differ)}); "
                      "its weights would compute a different function. Restore the exported "
                      f"{CARD_FILE} (or delete it: the file's own card is then used).")
+  if embedded is not None and "checksums" not in card and "checksums" in embedded:
+    card = dict(card, checksums=embedded["checksums"])  # an edited card cannot switch the check off
+  return _checked_card(card, card_file)
+
+
+def _first_line(error) -> str:
+  return (str(error).splitlines() or [type(error).__name__])[0][:200]
+
+
+def _checked_card(card: dict, where) -> dict:
+  if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
+    raise ValueError(f"{where} holds no 'model' section in its card: {_AGAIN}.")
+  seq_len = card.get("seq_len")
+  if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+    raise ValueError(f"{where}: the card's seq_len={seq_len!r} must be an integer >= 1 (or null); set it to the "
+                     f"training length or {_AGAIN}.")
+  version = card.get("format_version", 1)
+  if not isinstance(version, int) or version > FORMAT_VERSION:
+    raise ValueError(f"{where} is format_version {version!r}, newer than this hourglass_jax reads "
+                     f"({FORMAT_VERSION}); upgrade hourglass_jax.")
+  checksums = card.get("checksums")
+  if version >= 2 and not (isinstance(checksums, dict) and checksums):
+    raise ValueError(f"{where} is format_version {version} but its card has no 'checksums', so its arrays cannot "
+                     f"be verified: {_AGAIN}.")
   return card
 
 
@@ -123,15 +206,29 @@ def load_params(path, **overrides):
 
   The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
   nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
-  creates, ready for `model.apply({'params': params}, tokens_BxL)`.
+  creates and against the card's checksums (format_version 2; a version-1 export has none), ready for
+  `model.apply({'params': params}, tokens_BxL)`. Every failure is a ValueError (FileNotFoundError for a missing
+  path) naming the file and the fix.
   """
   weights, _ = _locate(path)
   card = read_card(path)
   model = build_model(dict(card["model"], **overrides))
   expected = abstract_params(model, card.get("seq_len"))
-  with safetensors.safe_open(weights, framework="np") as f:
-    found = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    _check_arrays(found, expected, weights)
-    # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
-    flat = {key: f.get_tensor(key).astype(expected[key].dtype, copy=False) for key in found}
+  try:
+    with safetensors.safe_open(weights, framework="np") as f:
+      found = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+      _check_arrays(found, expected, weights)
+      stored = {key: f.get_tensor(key) for key in found}
+  except (safetensors.SafetensorError, OSError) as error:
+    raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
+                     f"damaged: {_AGAIN}.") from None
+  checksums = card.get("checksums")
+  if checksums:
+    altered = sorted(key for key, value in stored.items() if checksums.get(key) != checksum(value))
+    if altered:
+      raise ValueError(f"{weights} fails its checksums: {len(altered)} array(s) differ from what was exported (e.g. "
+                       f"{', '.join(altered[:3])}), or the weights and {CARD_FILE} come from different exports; "
+                       f"{_AGAIN}.")
+  # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
+  flat = {key: value.astype(expected[key].dtype, copy=False) for key, value in stored.items()}
   return model, unflatten(flat)

@@ -56,6 +56,7 @@ def test_default_location(monkeypatch, tmp_path):
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   assert compile_cache.default_location("runs/a") == str(tmp_path / "hourglass_jax" / "xla")
-  assert compile_cache.default_location("gs://bucket/run/") == "gs://bucket/run/jax_cache"
+  # a bucket workdir keeps the local default: its cache is native code whoever can write the bucket wrote
+  assert compile_cache.default_location("gs://bucket/run/") == str(tmp_path / "hourglass_jax" / "xla")
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/shared/cache")
   assert compile_cache.default_location("gs://bucket/run") == "/shared/cache"

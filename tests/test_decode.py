@@ -198,6 +198,45 @@ def test_dynamic_decoding_past_the_segment_capacity_matches_forward(pooling):
   assert_decoding_matches_forward(cfg)
 
 
+# Three rows of text (vocab 256) that every predictor cuts at different steps: the batch of the issue 45 report, where
+# each decoding step closes a segment in some rows and not in others.
+TEXT_ROWS = np.array([list(b"the cat sat "), list(b"hello, world"), list(b"def f(x):\n  ")], np.int32)
+
+
+def text_rows_params(cfg):
+  """The first draw of variables under which each of TEXT_ROWS closes some segments and leaves others open, and no
+  two rows close at the same steps (so every step runs the shortened level for some rows only)."""
+  model = build_model(cfg)
+  for seed in range(40):
+    params = decode.unbox_params(dynamic_variables(model, jnp.zeros((1, 12), jnp.int32), seed=seed))
+    _, sown = model.apply({"params": params}, TEXT_ROWS, mutable=["intermediates"])
+    cuts = np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])
+    if (0 < cuts.sum(axis=1)).all() and (cuts.sum(axis=1) < 11).all() and len({r.tobytes() for r in cuts}) == 3:
+      return model, params
+  raise AssertionError(f"no draw of variables cuts TEXT_ROWS at different steps for {describe(cfg)}")
+
+
+@pytest.mark.parametrize("predictor", [pytest.param(p, marks=slow_unless(p == "entropy")) for p in BOUNDARY_PREDICTORS])
+def test_text_rows_that_close_segments_at_different_steps_decode_like_the_forward_pass(predictor):
+  """Every predictor, three rows, from an empty cache and after a prompt of 5: the logits of prefill + decode_step
+  equal the forward pass's."""
+  cfg = small_config(**DYNAMIC, boundaries=predictor, vocab_size=256)
+  model, params = text_rows_params(cfg)
+  full_BxLxV = np.asarray(jax.jit(model.apply)({"params": params}, TEXT_ROWS))
+  step = jax.jit(lambda params, cache, token_B, t: decode.decode_step(params, cfg, cache, token_B, t))
+  for prompt_len in (0, 5):
+    if prompt_len:
+      cache, first_BxV = decode.prefill(params, cfg, TEXT_ROWS[:, :prompt_len], 12)
+      out = [np.asarray(first_BxV)]
+    else:
+      cache, out = decode.init_cache(cfg, 3, 12, params), []
+    for t in range(prompt_len, 12):
+      cache, logits_BxV = step(params, cache, TEXT_ROWS[:, t], t)
+      out.append(np.asarray(logits_BxV))
+    np.testing.assert_allclose(np.stack(out, axis=1), full_BxLxV[:, max(prompt_len - 1, 0):], atol=1e-4, rtol=0,
+                               err_msg=f"{predictor} prompt {prompt_len}")
+
+
 NESTED = dict(DYNAMIC, hierarchy=MULTI_LEVEL)
 NESTED_CASES = [small_config(**NESTED, boundaries="gumbel", position="rope"),
                 small_config(**NESTED, boundaries="whitespace,routing", position="relative"),

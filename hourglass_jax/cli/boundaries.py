@@ -13,6 +13,7 @@ A 'gumbel' model marks where sigmoid(logit) > 1/2 unless `--gumbel_evaluation=sa
 """
 
 import dataclasses
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -56,6 +57,8 @@ def marked(text: bytes, depth) -> str:
 def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[str, np.ndarray]:
   """(the marked text and a summary line per level, the outermost level's boundaries) of the model exported to
   `weights` on `text`; `gumbel_evaluation` overrides the model's (model.gumbel_evaluation) when given."""
+  if not text:
+    raise ValueError("--text is empty; give at least one byte to cut into segments.")
   model, params = load_params(weights)
   if gumbel_evaluation:
     model = build_model(dataclasses.replace(model.cfg, gumbel_evaluation=gumbel_evaluation))
@@ -75,15 +78,31 @@ def main():
   """hourglass-boundaries --weights=DIR --text=TEXT"""
   from absl import app, flags  # the flags are this command's only: defined when it runs
 
-  weights = flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.",
-                                required=True)
-  text = flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
-  evaluation = flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
-                                 "'gumbel' only: how evaluation decides (default: the model's own setting).")
+  if "weights" not in flags.FLAGS:  # defined once per process (main may run again in the same one)
+    flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.", required=True)
+    flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
+    flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
+                      "'gumbel' only: how evaluation decides (default: the model's own setting).")
+  weights, text, evaluation = (flags.FLAGS[name] for name in ("weights", "text", "gumbel_evaluation"))
   from hourglass_jax.cli import usage
 
   usage.declare(usage.BOUNDARIES, usage.BOUNDARIES_FLAGS)
-  app.run(lambda argv: _quiet() or print(show(weights.value, text.value.encode("utf-8"), evaluation.value)[0]))
+
+  def run(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _quiet()
+    try:
+      data = text.value.encode("utf-8")
+    except UnicodeEncodeError:
+      sys.exit("error: --text holds bytes that are not UTF-8 text (the shell passed them through undecoded); pass "
+               "the text as UTF-8.")
+    try:
+      print(show(weights.value, data, evaluation.value)[0])
+    except (ValueError, OSError) as error:  # bad weights or text: one line naming them (no traceback)
+      sys.exit(f"error: {error}")
+
+  app.run(run)
 
 
 def _quiet() -> None:

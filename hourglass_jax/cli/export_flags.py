@@ -10,10 +10,11 @@ _OUTPUT = flags.DEFINE_string("output", None, "Folder to write model.safetensors
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", DTYPES, "Array dtype in the file: float32 as trained, or bfloat16 "
                            "for half the size.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace another export already in --output.")
 
 
 def run(workdir: str) -> dict:
   paths.check_writable_location(_OUTPUT.value, "--output", create=True)
   from hourglass_jax.train.export import export_params  # pylint: disable=import-outside-toplevel
 
-  return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value)
+  return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value, overwrite=_OVERWRITE.value)

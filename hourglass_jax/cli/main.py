@@ -22,7 +22,7 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processe
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, for manual launches.")
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", None, "XLA compilation cache folder (local or gs://) or 'off'; default "
-    "~/.cache/hourglass_jax/xla (docs/training.md).")
+    "~/.cache/hourglass_jax/xla. Its programs run as native code: name only a cache you trust (docs/weights.md).")
 _HOST_MALLOC = flags.DEFINE_enum(
     "host_malloc", "auto", host_memory.MODES,
     "CPU backend: keep = malloc keeps freed memory (faster steps), system = malloc's defaults, auto = keep on CPU.")
@@ -70,6 +70,19 @@ def _run(fn):
     if flags.FLAGS["verbosity"].present:
       raise
     sys.exit(f"error: {error}")
+
+
+def _run_reader(fn, what: str):
+  """`_run` for commands that write nothing a later run needs (eval, sample, export, data): Ctrl-C ends them with
+  one line and exit status 130 instead of a traceback."""
+  try:
+    return _run(fn)
+  except KeyboardInterrupt:
+    from hourglass_jax.train import preemption
+
+    print(f"error: {what} interrupted (Ctrl-C); nothing was lost: rerun the same command to start it again.",
+          file=sys.stderr)
+    sys.exit(preemption.EXIT_INTERRUPTED)
 
 
 def _train(argv):
@@ -122,7 +135,8 @@ def _eval(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
-  _run(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value,
+                                                                            _SPLIT.value), "hourglass-eval")
 
 
 def train_entry():
@@ -184,7 +198,8 @@ def _sample(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.cli import sample_flags
 
-  _run(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value))
+  _run_reader(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value),
+              "hourglass-sample")
 
 
 def sample_entry():
@@ -201,8 +216,8 @@ def _export(argv):
   _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
   from hourglass_jax.cli import export_flags
 
-  _run(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
-       or export_flags.run(_WORKDIR.value))
+  _run_reader(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
+              or export_flags.run(_WORKDIR.value), "hourglass-export")
 
 
 def export_entry():

@@ -8,6 +8,7 @@ padded to, and sharded over, the data-parallel devices like a training batch.
 
 import dataclasses
 import math
+import os
 
 import jax
 import ml_collections
@@ -51,7 +52,8 @@ def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
   init_fn = make_init_fn(model, optimizer, cfg.data.seq_len, cfg.train.seed)
   abstract, shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
   with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-    restored = checkpoints.restore_latest(abstract, config_record(cfg), cfg.checkpoint.allow_settings_change)
+    restored = checkpoints.restore_latest(abstract, config_record(cfg), cfg.checkpoint.allow_settings_change,
+                                          cfg.checkpoint.get("allow_unverified", False))
     if restored is None:
       raise FileNotFoundError(f"no readable checkpoint under {directory}; train first with hourglass-train "
                               f"--workdir={workdir}.")
@@ -77,6 +79,40 @@ def check_options(options: SampleOptions, vocab_size: int) -> None:
   for name, value, fine, rule in problems:
     if not fine:
       raise ValueError(f"{name}={value} {rule}.")
+
+
+def prompt_bytes(text: str) -> bytes:
+  """--prompt's bytes (UTF-8); bytes the shell passed through undecoded are refused, naming --prompt_file."""
+  try:
+    return text.encode("utf-8")
+  except UnicodeEncodeError:
+    raise ValueError("--prompt holds bytes that are not UTF-8 text; write the prompt's bytes to a file and pass "
+                     "--prompt_file=FILE.") from None
+
+
+def check_kind_options(options: SampleOptions, images: bool, dataset: str) -> None:
+  """Options the config's kind of data would ignore, and an image --output that cannot be written, refused before
+  anything is restored or compiled."""
+  if images and options.prompt:
+    raise ValueError(f"--prompt / --prompt_file are for text configs; data.name={dataset!r} is an image dataset: "
+                     "drop the prompt, and pass --prompt_rows=N to complete real images from their top N rows.")
+  if not images and options.prompt_rows:
+    raise ValueError(f"--prompt_rows is for image configs; data.name={dataset!r} is text: drop it and give a "
+                     "--prompt.")
+  if not images and options.output:
+    raise ValueError(f"--output writes image grids; data.name={dataset!r} is text, whose samples are printed: drop "
+                     "it (redirect stdout to keep them).")
+  if images and options.output and not paths.is_remote(options.output):
+    path = os.path.abspath(os.path.expanduser(options.output))
+    if os.path.isdir(path):
+      raise ValueError(f"--output={options.output} is a folder; pass a PNG file path such as {path}/samples.png.")
+    above = os.path.dirname(path)
+    while not os.path.exists(above):
+      above = os.path.dirname(above)
+    if not os.path.isdir(above) or not os.access(above, os.W_OK):
+      raise ValueError(f"--output={options.output} cannot be written ({above} is "
+                       f"{'a file' if not os.path.isdir(above) else 'not writable'}); pass a PNG path in a writable "
+                       "folder.")
 
 
 def _image_prompts(cfg, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
@@ -126,6 +162,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   check_options(options, model_cfg.vocab_size)
   shape = sources.image_shape(cfg.data)
   image_size = None if shape is None else int(np.prod(shape))
+  check_kind_options(options, shape is not None, cfg.data.name)
   if shape is None:
     prompts, originals = generation.byte_prompts(options.prompt, options.num_samples, cfg.model.vocab_size), None
   else:

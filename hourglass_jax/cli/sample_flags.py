@@ -30,7 +30,7 @@ def _log(message: str) -> None:
 
 def run(cfg, workdir: str, split: str | None) -> dict:
   """Samples as the flags say; prints text samples (process 0)."""
-  from hourglass_jax.cli.sample import SampleOptions, sample  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.cli.sample import SampleOptions, prompt_bytes, sample  # pylint: disable=import-outside-toplevel
 
   if _PROMPT.value is not None and _PROMPT_FILE.value is not None:
     raise ValueError("give --prompt or --prompt_file, not both.")
@@ -38,7 +38,7 @@ def run(cfg, workdir: str, split: str | None) -> dict:
     with open(_PROMPT_FILE.value, "rb") as f:
       prompt = f.read()
   else:
-    prompt = (_PROMPT.value or "").encode("utf-8")
+    prompt = prompt_bytes(_PROMPT.value or "")
   options = SampleOptions(prompt=prompt, num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW_TOKENS.value,
                           temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value,
                           end_byte=_END_BYTE.value, prompt_rows=_PROMPT_ROWS.value, split=split,

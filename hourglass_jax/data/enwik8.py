@@ -1,6 +1,7 @@
 """TFDS builder for enwik8: the first 10^8 bytes of an English Wikipedia XML dump, as raw bytes (vocab 256),
 split 90M / 5M / 5M in order (the Hutter-prize / Transformer-XL / Hourglass split)."""
 
+import hashlib
 import pathlib
 import zipfile
 import zlib
@@ -12,6 +13,9 @@ from hourglass_jax.data.catalog import ENWIK8_ARCHIVE as ARCHIVE, ENWIK8_URL as 
 
 MEMBER = "enwik8"
 ENWIK8_BYTES, ARCHIVE_BYTES = 100_000_000, 36_445_475
+# The published file's SHA-256 (its md5 is a1fa5ffddb56f4953e226637dabbb36a): size and the zip's own CRC say only
+# that the archive is intact, not that it holds enwik8.
+ENWIK8_SHA256 = "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8"
 _READ_BLOCK = 1 << 20
 
 
@@ -22,8 +26,9 @@ def _missing(manual_dir, reason: str) -> FileNotFoundError:
       f"`hourglass-data prepare enwik8 --manual_dir={place.parent}`.")
 
 
-def check_archive(path, total_bytes: int = ENWIK8_BYTES) -> None:
-  """Raises, naming the file and the fix, unless `path` is a readable zip holding `enwik8` of `total_bytes`."""
+def check_archive(path, total_bytes: int = ENWIK8_BYTES, sha256: str | None = None) -> None:
+  """Raises, naming the file and the fix, unless `path` is a readable zip holding `enwik8` of `total_bytes` whose
+  SHA-256 is `sha256` (default: the published enwik8's when total_bytes is its size; tests build smaller ones)."""
   path = pathlib.Path(path)
   redownload = f"download {URL} again and replace {path}"
   try:
@@ -37,6 +42,16 @@ def check_archive(path, total_bytes: int = ENWIK8_BYTES) -> None:
   if info.file_size != total_bytes:
     raise ValueError(f"{path}: its {MEMBER!r} member holds {info.file_size:,} bytes, not {total_bytes:,}: a wrong or "
                      f"altered archive; {redownload}.")
+  sha256 = sha256 or (ENWIK8_SHA256 if total_bytes == ENWIK8_BYTES else None)
+  if sha256 is None:
+    return
+  digest = hashlib.sha256()
+  for block in _read_range(path, 0, total_bytes):
+    digest.update(block)
+  if digest.hexdigest() != sha256:
+    raise ValueError(f"{path}: its {MEMBER!r} member has the right size but not enwik8's content (SHA-256 "
+                     f"{digest.hexdigest()[:16]}..., expected {sha256[:16]}...): a wrong or altered archive; "
+                     f"{redownload}.")
 
 
 class Enwik8(ByteChunksBuilder):

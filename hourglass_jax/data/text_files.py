@@ -24,7 +24,8 @@ _READ_BLOCK = 1 << 20
 
 def find_documents(paths: Sequence[str]) -> list[tuple[str, pathlib.Path]]:
   """(name, path) of the documents: each file given, and every non-hidden, non-empty file under each folder given
-  (recursively), sorted by name. Missing paths, empty files given by name and empty folders raise."""
+  (recursively), sorted by name. Missing paths, empty files given by name, empty folders and links in a folder that
+  lead out of it raise."""
   if not paths:
     raise ValueError("text_files: no input given; name the files or folder with "
                      "`hourglass-data prepare text_files --manual_dir=FILE_OR_FOLDER`.")
@@ -39,9 +40,13 @@ def find_documents(paths: Sequence[str]) -> list[tuple[str, pathlib.Path]]:
       found = [(f"{root.name}/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*"))
                if not any(part.startswith(".") for part in p.relative_to(root).parts)
                and (p.is_file() or p.is_symlink())]
+      inside = root.resolve()
       for _, path in found:
         if not path.is_file():
           raise ValueError(f"text_files: cannot read {path} (a broken link or not a regular file); fix or remove it.")
+        if not path.resolve().is_relative_to(inside):
+          raise ValueError(f"text_files: {path} links to {path.resolve()}, outside the folder {root}; remove the "
+                           "link, copy the file into the folder, or name that file too with --manual_dir.")
       found = [(name, path) for name, path in found if path.stat().st_size > 0]
       if not found:
         raise ValueError(f"text_files: the folder {root} holds no non-empty, non-hidden files; point "

@@ -13,6 +13,7 @@ import sys
 import requests
 import tensorflow_datasets as tfds
 from etils import epath
+from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
 from hourglass_jax import paths
 from hourglass_jax.data import catalog
@@ -97,6 +98,10 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     try:
       with without_tensorflow(builder):
         builder.download_and_prepare(download_config=download_config)
+    except NonMatchingChecksumError as error:  # a damaged or altered archive: one line, not TFDS's traceback
+      first = str(error).splitlines()[0].rstrip(":")
+      raise ValueError(f"{name}: {first}: a truncated, damaged or wrong file. Delete it, download it again (or put "
+                       f"the original in a folder passed as --manual_dir; {spec.needs}), and rerun.") from None
     except (tfds.core.download.DownloadError, requests.RequestException) as error:
       files = " and ".join(f for f, _ in spec.manual_files) or "the source files"
       raise FileNotFoundError(f"{name}: download failed ({error}). Put {files} in a folder and pass "

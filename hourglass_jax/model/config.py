@@ -97,6 +97,8 @@ class ModelConfig(DerivedLayerSettings):
                        "e.g. '2@1 4@3 2@1'.")
     if self.kind in MULTISCALE_KINDS:
       _ = self.parsed_scales  # raises on malformed multi-scale fields
+    if not self.dynamic:
+      _check_no_dynamic_settings(self)
     if self.dynamic:
       check_dynamic_settings(self, "model.")
       check_dynamic_level(hierarchy, self.upsample, self.boundaries, "model.")
@@ -155,6 +157,22 @@ class ModelConfig(DerivedLayerSettings):
       hint = " (this looks like a whole config: pass its `model` section)" if "model" in unknown else ""
       raise ValueError(f"model config has unknown field(s) {unknown}{hint}; known fields are {sorted(known)}.")
     return cls(**values)
+
+
+# Read only by a dynamic level: set on another model, they would be ignored without a word.
+DYNAMIC_ONLY_FIELDS = ("boundaries", "boundary_bytes", "boundary_run_bytes", "segment_capacity", "segment_pooling",
+                       "gumbel_temperature", "gumbel_evaluation", "boundary_loss_weight")
+
+
+def _check_no_dynamic_settings(cfg: ModelConfig) -> None:
+  defaults = ModelConfig.__dataclass_fields__
+  changed = [f"model.{name}={getattr(cfg, name)!r}" for name in DYNAMIC_ONLY_FIELDS
+             if getattr(cfg, name) != defaults[name].default]
+  if changed:
+    owner = f"kind={cfg.kind!r}" if cfg.kind != "hourglass" else f"shorten={cfg.shorten!r}"
+    raise ValueError(f"{', '.join(changed)} only apply to learned shortening (shorten='dynamic'), but this model has "
+                     f"{owner}: set model.shorten='dynamic' (and upsample='repeat'), or leave "
+                     f"{'them' if len(changed) > 1 else 'it'} at the default.")
 
 
 def function_fields(kind: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ import numbers
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 POSITIONS = ("rope", "relative")
@@ -40,6 +41,14 @@ def check_types(settings: Any, prefix: str) -> None:
     if field.type in (float, float | None) and not number and not (optional and value is None):
       raise ValueError(f"{prefix}{field.name}={value!r} is a {type(value).__name__}; it must be a number{example} "
                        "(unquoted).")
+
+
+def check_dtype_runs_here(dtype: str, prefix: str = "") -> None:
+  """Raises ValueError for dtype='float16' where JAX runs on the CPU: XLA:CPU has no float16 matmul that
+  accumulates in float32, and fails deep in compilation ("F16_F16_F32 not supported")."""
+  if dtype == "float16" and jax.default_backend() == "cpu":
+    raise ValueError(f"{prefix}dtype='float16' does not run on the CPU (XLA:CPU has no float16 matmul with float32 "
+                     f"accumulation); use {prefix}dtype='bfloat16' or 'float32' here, float16 on a GPU.")
 
 
 def check_layer_settings(s: Any, prefix: str = "") -> None:
@@ -157,6 +166,7 @@ class LayerOptions(nn.Module):
     if self.d_model is not None and self.d_model != width:
       raise ValueError(f"{type(self).__name__}: the input has {width} channels but d_model={self.d_model}; pass "
                        f"inputs [B, L, {self.d_model}] or leave d_model=None to take the input's width.")
+    check_dtype_runs_here(self.dtype, f"{type(self).__name__}.")
     values = {name: getattr(self, name) for name in LAYER_FIELDS}
     values["d_model"] = width
     values["d_ff"] = 4 * width if self.d_ff is None else self.d_ff

@@ -7,6 +7,7 @@ from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
 from hourglass_jax.model.hourglass.dynamic import byte_mask
+from hourglass_jax.model.layer_config import check_dtype_runs_here
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
 from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
@@ -45,6 +46,9 @@ class HourglassLM(nn.Module):
   def __call__(self, tokens_BxL, deterministic: bool = True, cache=None, position=None):
     cfg = self.cfg
     tokens_BxL = check_tokens(tokens_BxL, cfg.vocab_size, "tokens")
+    check_dtype_runs_here(cfg.dtype, "model.")
+    if not tokens_BxL.shape[1]:
+      raise ValueError(f"tokens has shape {tuple(tokens_BxL.shape)}: no positions; pass at least one token per row.")
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
                      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
     head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")

@@ -1,8 +1,15 @@
 """Orbax checkpoints of the train state and data position (plus the model config and a fingerprint of every array
 as metadata): async saves every N steps and on preemption, the latest N kept, restored onto whatever mesh the
-current run has and verified; unreadable or altered ones are moved aside and the previous one is used."""
+current run has and verified; unreadable or altered ones are moved aside and the previous one is used.
+
+Format 2: the 'data' item holds {'checkpoint_format': 2, 'iterator': the data position, 'record': the run record
+and fingerprints}, so the fingerprints and settings live where the data is and deleting Orbax's metadata file
+does not switch their checks off. A format-2 checkpoint whose record lacks them is treated as unreadable unless
+`allow_unverified`; a checkpoint of the older format (a bare data position) is verified against the fingerprints
+in its metadata, or restored unverified with a warning when it has none."""
 
 import errno
+import logging
 import re
 import time
 
@@ -17,6 +24,22 @@ from hourglass_jax.train.checkpoint_record import check_same_function, config_re
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.state import TrainState
 
+FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
+UNVERIFIED_OVERRIDE = "--config.checkpoint.allow_unverified=True"
+
+
+def wrap_data(data_state: dict, record: dict) -> dict:
+  """The 'data' item of a format-2 checkpoint."""
+  return {FORMAT_KEY: FORMAT_VERSION, "iterator": data_state, "record": record}
+
+
+def unwrap_data(data) -> tuple[object, dict | None]:
+  """(the data position, the record saved beside it, or None for the older format)."""
+  if isinstance(data, dict) and FORMAT_KEY in data:
+    record = data.get("record")
+    return data.get("iterator"), record if isinstance(record, dict) else {}
+  return data, None
+
 
 def _is_disk_full(error: BaseException | None) -> bool:
   while error is not None:
@@ -24,6 +47,15 @@ def _is_disk_full(error: BaseException | None) -> bool:
       return True
     error = error.__cause__ or error.__context__
   return False
+
+
+class _QuietDiskFull(logging.Filter):
+  """Drops Orbax's background-thread log records (a traceback each, dozens per failed save) about a full disk:
+  `Checkpoints` reports that itself, in one line naming the folder and the fix."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_is_disk_full(error) or "No space left on device" in record.getMessage())
 
 
 def has_per_block_layout(names) -> bool:
@@ -54,9 +86,10 @@ class Checkpoints:
         create=not read_only)
     handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-    self._records = {}
+    self._records, self._quiet = {}, _QuietDiskFull()
 
   def __enter__(self):
+    logging.getLogger("absl").addFilter(self._quiet)
     self.manager.__enter__()
     return self
 
@@ -64,7 +97,10 @@ class Checkpoints:
     try:
       self.wait()
     finally:
-      self.manager.__exit__(*exc)
+      try:
+        self.manager.__exit__(*exc)
+      finally:
+        logging.getLogger("absl").removeFilter(self._quiet)
 
   def should_save(self, step: int) -> bool:
     return self.manager.should_save(step)
@@ -78,9 +114,10 @@ class Checkpoints:
   def save(self, step: int, state: TrainState, data_state: dict, config: dict, force: bool = False) -> bool:
     """Starts an (async) save of `step`, recording `config` and the fingerprints restore verifies; a full disk
     raises TrainError, earlier checkpoints stay intact."""
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
     record = dict(config, fingerprints=integrity.array_fingerprints(state),
                   data_fingerprint=integrity.json_fingerprint(data_state))
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              data=ocp.args.JsonSave(wrap_data(data_state, record)))
     return self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
 
   def wait(self) -> None:
@@ -98,22 +135,45 @@ class Checkpoints:
                        f" no space left on device. Earlier checkpoints {kept or '(none)'} are intact; free disk "
                        "space or point --workdir elsewhere, then rerun the same command to resume.") from error
 
-  def restore_latest(self, abstract: TrainState, config: dict, allow_settings_change: bool = False):
+  def restore_latest(self, abstract: TrainState, config: dict, allow_settings_change: bool = False,
+                     allow_unverified: bool = False):
     """(state, data_state, step) of the newest sound checkpoint onto `abstract`'s shardings, or None.
 
     A checkpoint of a different model or optimizer raises TrainError (of other function-changing model settings,
     ValueError, unless `allow_settings_change`). One that cannot be read, or whose arrays or data position differ
     from the fingerprints recorded when it was saved, is reported, moved aside to checkpoints_unreadable/ (unless
-    read-only) and the previous one is tried.
+    read-only) and the previous one is tried; so is one of the current format that records no fingerprints or
+    settings, unless `allow_unverified`.
     """
-    for step in reversed(self.all_steps()):
+    pruned = 0
+    steps = list(reversed(self.all_steps()))
+    while steps:
+      step = steps.pop(0)
       self.check_compatible(step, abstract, config, allow_settings_change)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
-        problem = self._verify(step, restored.state, restored.data)
+        data_state, record = unwrap_data(restored.data)
       except Exception as error:  # after the structure check, a failure means damaged or missing files
         problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+      else:
+        if record is not None:  # the record beside the data is the one to trust: its settings are checked too
+          self._records[step] = record
+          if "model" in record and not allow_settings_change:
+            check_same_function(record["model"], config["model"], f"{self.directory} step {step}")
+        try:
+          problem = self._verify(step, restored.state, data_state, current=record is not None,
+                                 allow_unverified=allow_unverified)
+        except Exception as error:
+          problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+      if problem and self.read_only and pruned < 10 and not (self.directory / str(step)).exists():
+        pruned += 1  # a training run deleted it meanwhile (keeping its latest N): its newer ones are the ones to read
+        self._records.pop(step, None)
+        self.manager.reload()
+        steps = list(reversed(self.all_steps()))
+        self.log(f"checkpoint step {step} under {self.directory} was removed while being read (the training run "
+                 f"keeps its latest checkpoints only); reading step {steps[0] if steps else '(none left)'} instead.")
+        continue
       if problem:
         older = [s for s in self.all_steps() if s < step]
         self.log(f"checkpoint step {step} under {self.directory} {problem}; "
@@ -121,7 +181,7 @@ class Checkpoints:
                  f"{f'step {older[-1]}' if older else 'a fresh start'}.")
         self._move_aside(step)
         continue
-      return restored.state, restored.data, step
+      return restored.state, data_state, step
     return None
 
   def _record(self, step: int) -> dict:
@@ -130,12 +190,21 @@ class Checkpoints:
       self._records[step] = self.manager.metadata(step).custom_metadata or {}
     return self._records[step]
 
-  def _verify(self, step: int, state: TrainState, data_state) -> str | None:
-    """None if the restored state and data position are what was saved; else what is wrong with them."""
+  def _verify(self, step: int, state: TrainState, data_state, current: bool = False,
+              allow_unverified: bool = False) -> str | None:
+    """None if the restored state and data position are what was saved; else what is wrong with them. `current`:
+    a format-2 checkpoint, whose record must hold fingerprints and settings (unless `allow_unverified`)."""
     if not isinstance(data_state, dict) or not data_state:
       return f"holds no data-iterator position ({data_state!r}), so the data would silently restart"
     record = self._record(step)
-    if "fingerprints" not in record:  # saved by hourglass_jax before fingerprints, or its metadata file is lost
+    if current and not ("fingerprints" in record and "model" in record):
+      if not allow_unverified:
+        return (f"records no fingerprints or settings beside its data, so it cannot be verified (to load it "
+                f"anyway, unverified, add {UNVERIFIED_OVERRIDE})")
+      self.log(f"checkpoint step {step} under {self.directory} records no fingerprints or settings; restored "
+               f"without verifying it ({UNVERIFIED_OVERRIDE}).")
+      return None
+    if "fingerprints" not in record:  # saved by hourglass_jax before fingerprints (format 1)
       self.log(f"checkpoint step {step} under {self.directory} records no fingerprints (saved by an older "
                "hourglass_jax); restored without verifying it.")
       return None

@@ -81,7 +81,8 @@ def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str
   with jax.set_mesh(mesh):
     with Checkpoints(directory, log=log, read_only=True) as checkpoints:
       restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
-                                            cfg.checkpoint.allow_settings_change)
+                                            cfg.checkpoint.allow_settings_change,
+                                            cfg.checkpoint.get("allow_unverified", False))
     if restored is None:
       raise TrainError(f"no checkpoint under {workdir}/checkpoints; train first with hourglass-train "
                        f"--workdir={workdir}.")

@@ -8,19 +8,24 @@ import orbax.checkpoint as ocp
 
 from hourglass_jax import paths, weights
 from hourglass_jax.train import integrity
-from hourglass_jax.train.checkpoint import array_shapes, has_per_block_layout
+from hourglass_jax.train.checkpoint import array_shapes, has_per_block_layout, unwrap_data
 from hourglass_jax.train.checks import TrainError
 
 
 def _reader(directory) -> ocp.CheckpointManager:
   """A read-only manager whose state handler can restore part of a tree (the standard one refuses to)."""
-  return ocp.CheckpointManager(directory, item_handlers=dict(state=ocp.PyTreeCheckpointHandler()),
+  return ocp.CheckpointManager(directory, item_handlers=dict(state=ocp.PyTreeCheckpointHandler(),
+                                                           data=ocp.JsonCheckpointHandler()),
                                options=ocp.CheckpointManagerOptions(read_only=True, create=False))
 
 
 def restore_params(reader: ocp.CheckpointManager, step: int, where: str) -> dict:
   """Checkpoint `step`'s params as nested NumPy arrays, whatever mesh saved them; the optimizer state is not read."""
-  tree = reader.item_metadata(step)["state"].tree
+  try:
+    tree = reader.item_metadata(step)["state"].tree
+  except Exception as error:
+    raise TrainError(f"{where} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]}); export "
+                     "an earlier step with --step.") from error
   if has_per_block_layout(array_shapes(tree)):
     workdir = paths.as_path(reader.directory).parent
     raise TrainError(f"{where} is in the per-block parameter layout of hourglass_jax 0.1; convert it once with "
@@ -36,9 +41,30 @@ def restore_params(reader: ocp.CheckpointManager, step: int, where: str) -> dict
   return restored.state["params"]
 
 
-def verify_params(params, record: dict, where: str, log=print) -> None:
-  """Raises TrainError when `params` differ from the fingerprints recorded at saving (its files were altered)."""
+def saved_record(reader: ocp.CheckpointManager, step: int, where: str) -> tuple[dict, bool]:
+  """(the run record of checkpoint `step`, whether it is of the current format): the one saved beside its data,
+  else (an older checkpoint) the one in its metadata."""
+  try:
+    data = reader.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
+  except Exception as error:
+    raise TrainError(f"{where} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]}); export "
+                     "an earlier step with --step.") from error
+  _, record = unwrap_data(data)
+  if record is not None:
+    return record, True
+  try:
+    return reader.metadata(step).custom_metadata or {}, False
+  except Exception:
+    return {}, False
+
+
+def verify_params(params, record: dict, where: str, log=print, current: bool = False) -> None:
+  """Raises TrainError when `params` differ from the fingerprints recorded at saving (its files were altered), or
+  (`current`: a format-2 checkpoint) when none are recorded."""
   saved = {k: v for k, v in record.get("fingerprints", {}).items() if k.startswith("params/")}
+  if not saved and current:
+    raise TrainError(f"{where} records no fingerprints beside its data, so it cannot be verified; export an earlier "
+                     "step with --step.")
   if not saved:
     log(f"{where} records no fingerprints (saved by an older hourglass_jax); exported without verifying it.")
     return
@@ -48,8 +74,10 @@ def verify_params(params, record: dict, where: str, log=print) -> None:
                      f"saved (e.g. {', '.join(altered[:3])}); export an earlier step with --step.")
 
 
-def export_params(workdir, output_dir, step: int | None = None, dtype: str | None = None, log=print) -> dict:
-  """Writes checkpoint `step` (default: the newest) of `workdir` to `output_dir`/model.safetensors + config.json.
+def export_params(workdir, output_dir, step: int | None = None, dtype: str | None = None, log=print,
+                  overwrite: bool = False) -> dict:
+  """Writes checkpoint `step` (default: the newest) of `workdir` to `output_dir`/model.safetensors + config.json,
+  atomically; a folder holding another export is replaced only with `overwrite` (weights.save_params).
 
   Read-only like hourglass-eval: it takes no workdir lock, so it can export from a run in progress. `dtype`
   'bfloat16' halves the file; None keeps the float32 the run saved. Returns the model card.
@@ -68,14 +96,14 @@ def export_params(workdir, output_dir, step: int | None = None, dtype: str | Non
       raise TrainError(f"no checkpoint of step {step} under {directory}; it holds steps "
                        f"{', '.join(map(str, steps))}.")
     where = f"checkpoint step {step} under {directory}"
-    record = reader.metadata(step).custom_metadata or {}
+    record, current = saved_record(reader, step, where)
     if "model" not in record:
       raise TrainError(f"{where} records no model config (its metadata file is missing), so the exported weights "
                        "could not say which model they belong to.")
     params = restore_params(reader, step, where)
-  verify_params(params, record, where, log)
+  verify_params(params, record, where, log, current)
   card = weights.save_params(params, record["model"], output_dir, step=step, seq_len=record.get("seq_len"),
-                             dtype=dtype)
+                             dtype=dtype, overwrite=overwrite)
   log(f"exported step {step}: {card['num_params']:,} parameters ({card['weights_dtype']}) to "
       f"{paths.as_path(output_dir) / weights.WEIGHTS_FILE} and {weights.CARD_FILE}")
   return card

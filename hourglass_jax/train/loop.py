@@ -65,7 +65,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
       workdir / "checkpoints", cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.async_save,
       log) as checkpoints:
     restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
-                                          cfg.checkpoint.allow_settings_change)
+                                          cfg.checkpoint.allow_settings_change,
+                                          cfg.checkpoint.get("allow_unverified", False))
     if restored and restored[2] >= cfg.train.steps:
       log(f"{checkpoints.directory} already holds step {restored[2]} >= train.steps={cfg.train.steps}: nothing "
           "to train. Raise --config.train.steps to continue, use a new --workdir to start over, or evaluate it "

@@ -81,10 +81,13 @@ class WorkdirLock:
     except (FileNotFoundError, ValueError):
       return {}
 
-  def _acquire(self) -> str | None:
+  def _acquire(self, tries: int = 3) -> str | None:
     """Takes the lock; returns the refusal message instead if a live run holds it."""
     now = time.time()
     self.path.parent.mkdir(parents=True, exist_ok=True)
+    if not paths.is_remote(self.path) and os.path.islink(self.path):
+      return (f"{self.path} is a symbolic link (to {os.readlink(self.path)}), not a lock this program wrote; delete "
+              "the link and rerun.")
     if self.path.exists():
       holder = self._holder()
       reason = _stale_reason(holder, now) if holder else "it is empty or unreadable"
@@ -103,7 +106,14 @@ class WorkdirLock:
       self._write(exclusive=True)
     except FileExistsError:  # another run took it between the check and the create
       self._record = None
-      return self._acquire()
+      if tries <= 1:
+        return (f"{self.path} keeps appearing while this run takes it (another run starting at the same time?); "
+                "check that no other hourglass-train uses this workdir, then rerun.")
+      return self._acquire(tries - 1)
+    except OSError as error:
+      self._record = None
+      return (f"cannot write the lock file {self.path} ({error.strerror or error}); free disk space or fix the "
+              "folder's permissions, or pass another --workdir.")
     return None
 
   def _write(self, exclusive: bool = False) -> None:
@@ -112,8 +122,12 @@ class WorkdirLock:
       self.path.write_text(text)  # one object write: readers see the old or the new record, whole
     elif exclusive:
       fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-      with os.fdopen(fd, "w") as f:
-        f.write(text)
+      try:
+        with os.fdopen(fd, "w") as f:
+          f.write(text)
+      except OSError:  # a full disk: leave no empty lock behind
+        os.unlink(self.path)
+        raise
     else:  # a heartbeat: write beside, then rename, so a reader never sees a half-written record
       partial = self.path.parent / f"{self.path.name}.{os.getpid()}.tmp"
       partial.write_text(text)

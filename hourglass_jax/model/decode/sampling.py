@@ -1,6 +1,8 @@
 """Sampling: pure temperature / top-k / top-p (nucleus) filters and draws, and `generate`, the cached decode loop."""
 
 import functools
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -11,19 +13,31 @@ from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.decode.steps import decode_step, prefill, unbox_params
 
 
+def check_sampling(temperature, top_k, top_p) -> None:
+  """Raises ValueError naming the first setting out of range (what hourglass-sample refuses too)."""
+  if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:
+    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy).")
+  if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
+    raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0 = all tokens).")
+  if not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p={top_p!r} must be in (0, 1] (1 = all tokens).")
+
+
 def apply_temperature(logits_BxV, temperature: float):
   """Logits divided by `temperature` (> 0)."""
-  if temperature <= 0:
-    raise ValueError(f"temperature={temperature!r} must be > 0 here; temperature 0 means greedy (argmax).")
+  if not temperature > 0 or not math.isfinite(temperature):
+    raise ValueError(f"temperature={temperature!r} must be finite and > 0 here; temperature 0 means greedy (argmax).")
   return logits_BxV.astype(jnp.float32) / temperature
 
 
 def top_k_filter(logits_BxV, top_k: int):
   """Keeps the `top_k` largest logits of each row (ties with the k-th are kept too); the rest become -inf.
 
-  top_k <= 0 or >= vocab keeps everything.
+  top_k 0 or >= vocab keeps everything; a negative top_k raises ValueError.
   """
-  if top_k <= 0 or top_k >= logits_BxV.shape[-1]:
+  if top_k < 0:
+    raise ValueError(f"top_k={top_k!r} must be >= 0 (0 = all tokens).")
+  if top_k == 0 or top_k >= logits_BxV.shape[-1]:
     return logits_BxV
   kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][..., -1:]
   return jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
@@ -108,7 +122,8 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
   One jit-compiled program: a parallel prefill, then a lax.while_loop of decode steps that stops once every row
   has produced `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`. The cache
   holds `cache_length(cfg, P + max_new_tokens - 1)` positions.
-  temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. `rng` is a PRNG key or an int seed;
+  temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; a temperature that is negative or not finite,
+  a negative top_k or a top_p outside (0, 1] raises ValueError (`check_sampling`). `rng` is a PRNG key or an int seed;
   the prompt needs >= 1 token (no BOS convention). A prompt id outside [0, vocab) raises ValueError; when the
   prompt is traced (generate under your own jit), that row comes back as -1 everywhere.
   """
@@ -118,8 +133,7 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
                      "no BOS convention, so start from at least one real token (e.g. a newline byte).")
   if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1.")
-  if temperature < 0:
-    raise ValueError(f"temperature={temperature!r} must be >= 0 (0 = greedy).")
+  check_sampling(temperature, top_k, top_p)
   if end_token is not None and not 0 <= end_token < cfg.vocab_size:
     raise ValueError(f"end_token={end_token!r} is outside the vocabulary [0, {cfg.vocab_size}).")
   rng = rng if isinstance(rng, jax.Array) else jax.random.key(int(rng))

@@ -11,9 +11,11 @@ once every F tokens.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from hourglass_jax.model import kv_cache
+from hourglass_jax.model.checks import is_checkable
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
                                                    smooth_segments, smooth_step)
 from hourglass_jax.model.hourglass.dynamic_cache import (after_rows, close_segment, join_segment, new_segment_state,
@@ -51,6 +53,36 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
     if upsample.startswith("attention_"):
       cache["up"] = kv_cache.new_kv(cfg, batch, padded // k)
   return cache
+
+
+def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> int | None:
+  """Raises ValueError, naming the fix, for an input that is not a float [B, L, D] stream (non-empty: `outermost`;
+  a prefill passes an inner level no positions while the prompt completes none of its tokens), or a concrete cached
+  `position` outside the cache; returns the cache's entries (None without a cache)."""
+  shape = tuple(getattr(x_BxLxD, "shape", ()))
+  if len(shape) != 3:
+    raise ValueError(f"Hourglass takes a stream x [batch, length, width], got shape {shape}; embed token ids first "
+                     "(e.g. nn.Embed) and add a batch axis with x[None] for a single sequence.")
+  if not jnp.issubdtype(x_BxLxD.dtype, jnp.floating):
+    raise ValueError(f"Hourglass takes a float stream x [batch, length, width], got dtype {x_BxLxD.dtype}: token ids "
+                     "go through an embedding (e.g. nn.Embed) first.")
+  if outermost and (not shape[1] or not shape[2]):
+    raise ValueError(f"Hourglass got an empty stream of shape {shape}; pass at least one position of width >= 1.")
+  if cache is None:
+    return None
+  size = max(leaf.shape[-2] for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+             if getattr(path[-1], "key", None) == "v")
+  if position is None:
+    if shape[1] > size:
+      raise ValueError(f"Hourglass: a prompt of {shape[1]} positions does not fit the cache of {size}; make the cache "
+                       "with new_cache(batch, length) for a larger length.")
+    return size
+  if np.ndim(position) or not jnp.issubdtype(jnp.result_type(position), jnp.integer):
+    raise ValueError(f"Hourglass: position={position!r} must be an integer scalar (the entry of x's single row).")
+  if is_checkable(position) and not 0 <= int(position) < size:
+    raise ValueError(f"Hourglass: position={int(position)} is outside the cache, which holds entries [0, {size}); "
+                     "make the cache with new_cache(batch, length) for a larger length.")
+  return size
 
 
 def cache_batch_axes(cache: dict) -> dict:
@@ -101,13 +133,18 @@ class Hourglass(LayerOptions):
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, boundaries_BxL=None,
                next_tokens_BxL=None, lengths_B=None, runs_BxL=None):
     hierarchy = parse_hierarchy(self.hierarchy)
+    size = check_stream(x_BxLxD, cache, position, self.outer_factor == 1)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     dynamic = self.shorten == "dynamic" and hierarchy.depth
-    if cache is not None and dynamic:
-      return self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL, lengths_B,
-                                  runs_BxL)
     if cache is not None:
-      return self._decode(hierarchy, options, x_BxLxD, cache, position)
+      if dynamic:
+        y_BxLxD, cache = self._dynamic_decode(hierarchy, options, x_BxLxD, cache, position, boundaries_BxL,
+                                              lengths_B, runs_BxL)
+      else:
+        y_BxLxD, cache = self._decode(hierarchy, options, x_BxLxD, cache, position)
+      if position is not None and self.outer_factor == 1 and not is_checkable(position):
+        y_BxLxD = jnp.where((position < 0) | (position >= size), jnp.nan, y_BxLxD)  # as the LM's decode_step
+      return y_BxLxD, cache
     if dynamic:
       return self._dynamic(hierarchy, options, x_BxLxD, deterministic, boundaries_BxL, next_tokens_BxL, lengths_B,
                            runs_BxL)

@@ -35,6 +35,10 @@ def whitespace_boundaries(tokens_BxL, boundary_bytes: bytes = WHITESPACE_BYTES, 
 
 def byte_mask(tokens_BxL, byte_set: bytes):
   """bool [B, L]: the token is a byte of `byte_set`."""
+  if not jnp.issubdtype(jnp.result_type(tokens_BxL), jnp.integer):
+    raise ValueError(f"whitespace_boundaries / byte_mask take integer byte ids [batch, length], got dtype "
+                     f"{jnp.result_type(tokens_BxL)}; pass the token ids (e.g. tokens.astype('int32')), not "
+                     "embeddings.")
   table_V = np.zeros(256, bool)
   table_V[list(byte_set)] = True
   return jnp.asarray(table_V)[jnp.clip(tokens_BxL, 0, 255)] & (tokens_BxL >= 0) & (tokens_BxL < 256)

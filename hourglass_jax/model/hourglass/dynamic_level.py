@@ -224,10 +224,10 @@ def check_dynamic_settings(s, prefix: str) -> None:
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
   check_choice(f"{prefix}gumbel_evaluation", s.gumbel_evaluation, GUMBEL_EVALUATIONS)
   for field in ("segment_capacity", "gumbel_temperature"):
-    if not float(getattr(s, field)) > 0:
-      raise ValueError(f"{prefix}{field}={getattr(s, field)!r} must be > 0.")
-  if not float(s.boundary_loss_weight) >= 0:
-    raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be >= 0.")
+    if not 0 < float(getattr(s, field)) < math.inf:
+      raise ValueError(f"{prefix}{field}={getattr(s, field)!r} must be a finite number > 0.")
+  if not 0 <= float(s.boundary_loss_weight) < math.inf:
+    raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be a finite number >= 0.")
 
 
 def level_predictors(boundaries: str, depth: int, owner: str = "model.boundaries") -> tuple[str, ...]:

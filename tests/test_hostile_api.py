@@ -1,0 +1,153 @@
+"""Hostile inputs to the Python API (issue 45): the layer API checks what the LM checks, the sampling API refuses
+what hourglass-sample refuses, settings that would be ignored or overflow are refused, and data preparation stays
+inside the folder it is given."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hourglass_jax import compile_cache, paths
+from hourglass_jax.model import ModelConfig, build_model
+from hourglass_jax.model.decode import sampling
+from hourglass_jax.nn import Hourglass, whitespace_boundaries
+from tests.helpers import quick_compiles, small_config  # noqa: F401
+
+D = 32
+
+
+@pytest.fixture(scope="module")
+def body():
+  """A fixed Hourglass body, its variables and an empty cache of 12 entries for 2 rows."""
+  module = Hourglass(hierarchy="1@1 1@3 1@1", num_heads=4)
+  x_BxLxD = jnp.ones((2, 12, D))
+  variables = module.init(jax.random.key(0), x_BxLxD)
+  return module, variables, module.new_cache(2, 12, D)
+
+
+@pytest.mark.parametrize("position", [12, 40, -1])
+def test_layer_api_refuses_a_cached_position_outside_the_cache(body, position):
+  module, variables, cache = body
+  with pytest.raises(ValueError, match=rf"position={position} is outside the cache.*\[0, 12\)"):
+    module.apply(variables, jnp.ones((2, 1, D)), cache=cache, position=position)
+
+
+def test_layer_api_gives_nan_for_a_traced_position_outside_the_cache(body):
+  module, variables, cache = body
+  step = jax.jit(lambda x, cache, t: module.apply(variables, x, cache=cache, position=t)[0])
+  x_Bx1xD = jnp.ones((2, 1, D))
+  assert np.isfinite(np.asarray(step(x_Bx1xD, cache, 0))).all()
+  for position in (12, 40, -1):
+    assert np.isnan(np.asarray(step(x_Bx1xD, cache, position))).all()
+
+
+@pytest.mark.parametrize("x, message", [
+    (jnp.zeros((2, 0, D)), "empty stream"),
+    (jnp.zeros((2, 12), jnp.float32), r"stream x \[batch, length, width\], got shape \(2, 12\)"),
+    (jnp.zeros((2, 12, D), jnp.int32), "float stream.*got dtype int32.*embedding"),
+])
+def test_layer_api_refuses_streams_it_cannot_take(body, x, message):
+  module, variables, _ = body
+  with pytest.raises(ValueError, match=message):
+    module.apply(variables, x)
+
+
+def test_lm_refuses_empty_tokens():
+  cfg = small_config()
+  model = build_model(cfg)
+  with pytest.raises(ValueError, match=r"tokens has shape \(2, 0\): no positions"):
+    model.init(jax.random.key(0), jnp.zeros((2, 0), jnp.int32))
+
+
+def test_float16_on_the_cpu_names_bfloat16():
+  with pytest.raises(ValueError, match="dtype='float16' does not run on the CPU.*'bfloat16'"):
+    build_model(small_config(dtype="float16")).init(jax.random.key(0), jnp.zeros((1, 6), jnp.int32))
+
+
+def test_whitespace_boundaries_refuses_floats():
+  with pytest.raises(ValueError, match="integer byte ids.*float32"):
+    whitespace_boundaries(jnp.zeros((2, 5), jnp.float32))
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(temperature=math.nan), "temperature=nan must be a finite number"),
+    (dict(temperature=math.inf), "temperature=inf must be a finite number"),
+    (dict(temperature=-1.0), "temperature=-1.0"),
+    (dict(top_k=-5), "top_k=-5 must be an integer >= 0"),
+    (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+])
+def test_generate_refuses_what_the_cli_refuses(settings, message):
+  cfg = small_config()
+  with pytest.raises(ValueError, match=message):
+    sampling.generate({}, cfg, np.zeros((1, 2), np.int32), max_new_tokens=2, rng=0, **settings)
+
+
+def test_top_k_filter_refuses_a_negative_k():
+  with pytest.raises(ValueError, match="top_k=-5"):
+    sampling.top_k_filter(jnp.zeros((1, 4)), -5)
+
+
+@pytest.mark.parametrize("field, value", [("segment_capacity", math.inf), ("segment_capacity", math.nan),
+                                          ("gumbel_temperature", math.inf), ("boundary_loss_weight", math.nan)])
+def test_dynamic_settings_must_be_finite(field, value):
+  with pytest.raises(ValueError, match=f"model.{field}={value!r} must be a finite number"):
+    small_config(shorten="dynamic", upsample="repeat", **{field: value})
+
+
+@pytest.mark.parametrize("settings", [dict(boundaries="whitespace"), dict(segment_capacity=2.0),
+                                      dict(segment_pooling="linear", gumbel_evaluation="sample")])
+def test_dynamic_settings_on_a_fixed_model_are_refused(settings):
+  with pytest.raises(ValueError, match=r"only apply to learned shortening \(shorten='dynamic'\).*shorten='avg'"):
+    small_config(shorten="avg", upsample="repeat", **settings)
+
+
+def test_a_fixed_model_with_default_dynamic_settings_still_builds():
+  assert not ModelConfig(**{**small_config().__dict__, "shorten": "avg"}).dynamic
+
+
+@pytest.mark.parametrize("workdir", ["", "  "])
+def test_an_empty_workdir_is_refused(workdir):
+  with pytest.raises(ValueError, match="--workdir is empty; pass a folder"):
+    paths.check_writable_location(workdir, "--workdir", create=True)
+
+
+def test_compilation_cache_defaults_to_a_local_folder_for_a_bucket_workdir(monkeypatch, tmp_path):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert compile_cache.default_location("gs://someone/run") == str(tmp_path / "hourglass_jax" / "xla")
+
+
+def test_text_files_refuses_a_link_out_of_the_folder(tmp_path):
+  from hourglass_jax.data.text_files import find_documents
+
+  secret = tmp_path / "secret.txt"
+  secret.write_text("private\n")
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  (folder / "a.txt").write_text("hello\n")
+  (folder / "inside.txt").symlink_to(folder / "a.txt")  # a link within the folder is fine
+  assert [name for name, _ in find_documents([str(folder)])] == ["corpus/a.txt", "corpus/inside.txt"]
+  (folder / "b.txt").symlink_to(secret)
+  with pytest.raises(ValueError, match="b.txt links to .*secret.txt, outside the folder"):
+    find_documents([str(folder)])
+
+
+def test_an_enwik8_archive_of_the_right_size_but_other_bytes_is_refused(tmp_path):
+  import zipfile
+
+  from hourglass_jax.data import enwik8
+
+  archive = tmp_path / "enwik8.zip"
+  with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+    zf.writestr("enwik8", bytes(enwik8.ENWIK8_BYTES))  # 100 MB of zeros: size and CRC are right
+  with pytest.raises(ValueError, match="has the right size but not enwik8's content.*download .* again"):
+    enwik8.check_archive(archive)
+  small = tmp_path / "small.zip"
+  with zipfile.ZipFile(small, "w") as zf:
+    zf.writestr("enwik8", b"abc")
+  import hashlib
+  enwik8.check_archive(small, 3, hashlib.sha256(b"abc").hexdigest())
+  with pytest.raises(ValueError, match="not enwik8's content"):
+    enwik8.check_archive(small, 3, "0" * 64)

@@ -1,0 +1,131 @@
+"""Checkpoint integrity that one deletion cannot switch off (issue 45, case 1): format 2 keeps the fingerprints and
+settings beside the data position, so deleting Orbax's _CHECKPOINT_METADATA neither loads altered arrays nor
+skips the settings check; a format-2 checkpoint whose record is gone is treated as unreadable unless
+checkpoint.allow_unverified."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from hourglass_jax.train.checkpoint import FORMAT_KEY, Checkpoints, config_record
+from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.export import export_params
+from tests.helpers import quiet, trained_run
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A run with checkpoints at steps 2 and 4 (the programs of test_checkpoint_integrity.py: cached compiles)."""
+  workdir = tmp_path_factory.mktemp("trained")
+  return workdir, *trained_run(workdir)
+
+
+def _copy(trained, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(trained[0] / "checkpoints", workdir / "checkpoints")
+  return workdir
+
+
+def _restore(trainer, cfg, directory, **options):
+  messages = []
+  with jax.set_mesh(trainer.mesh), Checkpoints(directory, log=messages.append) as checkpoints:
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg), **options)
+  return restored, messages
+
+
+def _flip_array_bytes(checkpoint):
+  """Flips bytes in every array-data file of a checkpoint's state (what a disk or a hand can do)."""
+  for path in (checkpoint / "state").rglob("*"):
+    if path.is_file() and "/d/" in str(path):
+      data = bytearray(path.read_bytes())
+      data[len(data) // 2] ^= 0x10
+      path.write_bytes(bytes(data))
+
+
+def test_the_record_lives_beside_the_data(trained):
+  data = json.loads((trained[0] / "checkpoints" / "4" / "data" / "metadata").read_text())
+  assert data[FORMAT_KEY] == 2 and "fingerprints" in data["record"] and "model" in data["record"]
+  assert data["iterator"] == trained[4]
+
+
+def test_deleting_the_metadata_file_does_not_switch_off_verification(trained, tmp_path):
+  workdir, cfg, trainer, state4, data4 = trained
+  copy = _copy(trained, tmp_path)
+  (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
+  (state, data_state, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  assert step == 4 and data_state == data4 and not any("without verifying" in m for m in messages), messages
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
+  _flip_array_bytes(copy / "checkpoints" / "4")
+  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  assert step == 2 and any("checkpoint step 4" in m and "falling back to step 2" in m for m in messages), messages
+
+
+def test_deleting_the_metadata_file_does_not_skip_the_settings_check(trained, tmp_path):
+  workdir, cfg, trainer, _, _ = trained
+  copy = _copy(trained, tmp_path)
+  for step in (2, 4):
+    (copy / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").unlink()
+  changed = cfg.copy_and_resolve_references()
+  changed.model.rope_base = 500.0  # same shapes, another function
+  with pytest.raises(ValueError, match=r"step 4 was trained with other model settings .*model.rope_base: "
+                                       r"checkpoint 10000.0, config 500.0"):
+    _restore(trainer, changed, copy / "checkpoints")
+
+
+def test_a_current_checkpoint_without_its_record_is_unreadable_unless_allowed(trained, tmp_path):
+  workdir, cfg, trainer, state4, data4 = trained
+  copy = _copy(trained, tmp_path)
+  (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
+  data_file = copy / "checkpoints" / "4" / "data" / "metadata"
+  data = json.loads(data_file.read_text())
+  data["record"] = {}
+  data_file.write_text(json.dumps(data))
+  backup = shutil.copytree(copy, tmp_path / "backup")
+  (state, _, step), messages = _restore(trainer, cfg, copy / "checkpoints", allow_unverified=True)
+  assert step == 4 and any("restored without verifying it (--config.checkpoint.allow_unverified=True)" in m
+                           for m in messages), messages
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
+  (_, _, step), messages = _restore(trainer, cfg, backup / "checkpoints")
+  assert step == 2 and any("cannot be verified" in m and "allow_unverified=True" in m
+                           and "falling back to step 2" in m for m in messages), messages
+  assert (backup / "checkpoints_unreadable").is_dir()  # moved aside, not deleted
+
+
+def test_export_reads_the_record_beside_the_data(trained, tmp_path):
+  copy = _copy(trained, tmp_path)
+  (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
+  card = export_params(copy, tmp_path / "out", log=quiet)
+  assert card["step"] == 4
+  _flip_array_bytes(copy / "checkpoints" / "4")
+  with pytest.raises(TrainError, match="checkpoint step 4 .*(fails its integrity check|unreadable)"):
+    export_params(copy, tmp_path / "out2", log=quiet)
+
+
+def test_evaluation_beside_a_pruning_run_reads_the_newer_checkpoint(trained, tmp_path, monkeypatch):
+  """Between listing and reading, the training run saves step 6 and prunes step 4 (issue 45, case 18): the reader
+  says so and reads step 6, not 'unreadable' then 'no checkpoint'."""
+  import orbax.checkpoint as ocp
+
+  workdir, cfg, trainer, state4, _ = trained
+  copy = _copy(trained, tmp_path)
+  real_restore, pruned = ocp.CheckpointManager.restore, []
+
+  def restore(manager, step, *args, **kwargs):
+    if step == 4 and not pruned:
+      pruned.append(step)
+      (copy / "checkpoints" / "4").rename(copy / "checkpoints" / "6")
+    return real_restore(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+  messages = []
+  with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append,
+                                               read_only=True) as checkpoints:
+    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+  assert step == 6 and pruned, messages
+  assert any("step 4" in m and "was removed while being read" in m and "reading step 6 instead" in m
+             for m in messages), messages
+  assert not any("unreadable" in m for m in messages), messages
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)

@@ -1,0 +1,77 @@
+"""Hostile command lines (issue 45): hourglass-boundaries ends every bad input in one line, and hourglass-sample
+refuses options its kind of data would ignore, a prompt that is not UTF-8 and an --output it cannot write, before
+restoring or compiling anything. The commands run in-process (main() with sys.argv patched)."""
+
+import sys
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl import flags
+
+from hourglass_jax.cli import boundaries
+from hourglass_jax.cli.sample import SampleOptions, check_kind_options, prompt_bytes
+from hourglass_jax.model import build_model
+from hourglass_jax.model.decode import unbox_params
+from hourglass_jax.weights import save_params
+from tests.helpers import quick_compiles, small_config  # noqa: F401
+
+
+def _boundaries(*args) -> str:
+  """hourglass-boundaries in this process; returns what it exits with (the error line)."""
+  flags.FLAGS.unparse_flags()
+  with mock.patch.object(sys, "argv", ["hourglass-boundaries", *args]), pytest.raises(SystemExit) as exit_:
+    boundaries.main()
+  flags.FLAGS.unparse_flags()
+  return exit_.value.code
+
+
+@pytest.fixture(scope="module")
+def fixed_export(tmp_path_factory):
+  cfg = small_config(vocab_size=256)
+  params = unbox_params(build_model(cfg).init(jax.random.key(0), jnp.zeros((1, 3), jnp.int32)))
+  folder = tmp_path_factory.mktemp("fixed")
+  save_params(params, cfg, folder)
+  return folder
+
+
+@pytest.mark.parametrize("case", ["fixed model", "missing folder", "training workdir", "empty text", "not utf-8"])
+def test_boundaries_cli_ends_bad_input_in_one_line(fixed_export, tmp_path, case):
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "4").mkdir(parents=True)
+  weights, text, expected = {
+      "fixed model": (fixed_export, "hello", "shorten='attention_avg'; boundaries come from a model trained with"),
+      "missing folder": (tmp_path / "missing", "hello", "does not exist: pass the folder hourglass-export wrote"),
+      "training workdir": (workdir, "hello", "does not exist: pass the folder hourglass-export wrote"),
+      "empty text": (fixed_export, "", "--text is empty"),
+      "not utf-8": (fixed_export, "caf\udce9", "--text holds bytes that are not UTF-8"),
+  }[case]
+  message = _boundaries(f"--weights={weights}", f"--text={text}")
+  assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+  assert expected in message
+
+
+def test_sample_refuses_a_prompt_that_is_not_utf8():
+  assert prompt_bytes("héllo") == "héllo".encode()
+  with pytest.raises(ValueError, match="--prompt holds bytes that are not UTF-8.*--prompt_file"):
+    prompt_bytes("caf\udce9")
+
+
+@pytest.mark.parametrize("options, images, message", [
+    (SampleOptions(prompt=b"hello"), True, "--prompt / --prompt_file are for text configs.*--prompt_rows"),
+    (SampleOptions(prompt_rows=2), False, "--prompt_rows is for image configs"),
+    (SampleOptions(output="grid.png"), False, "--output writes image grids"),
+])
+def test_sample_refuses_options_its_data_would_ignore(options, images, message):
+  with pytest.raises(ValueError, match=message):
+    check_kind_options(options, images, "digits" if images else "stdlib_text")
+
+
+def test_sample_refuses_an_output_it_cannot_write_before_sampling(tmp_path):
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(ValueError, match="cannot be written .*a_file is a file"):
+    check_kind_options(SampleOptions(output=str(tmp_path / "a_file" / "grid.png")), True, "digits")
+  with pytest.raises(ValueError, match="is a folder"):
+    check_kind_options(SampleOptions(output=str(tmp_path)), True, "digits")
+  check_kind_options(SampleOptions(output=str(tmp_path / "new" / "grid.png")), True, "digits")

@@ -1,0 +1,149 @@
+"""Hostile exports (issue 45): exports are written atomically, never replace another model's export without
+overwrite, carry a checksum of every array that load_params verifies, and every load_params error names the file
+and the fix."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from etils import epath
+
+from hourglass_jax import weights
+from hourglass_jax.model import build_model
+from hourglass_jax.model.decode import unbox_params
+from tests.helpers import quick_compiles, small_config  # noqa: F401
+
+AGAIN = "export it again with hourglass-export"
+
+
+def _params(seed: int):
+  cfg = small_config(kind="vanilla", hierarchy="1@1")
+  return cfg, unbox_params(build_model(cfg).init(jax.random.key(seed), jnp.zeros((1, 4), jnp.int32)))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """A folder holding the export of one model (seed 0), and the params of another (seed 1)."""
+  folder = tmp_path_factory.mktemp("export") / "model"
+  cfg, params = _params(0)
+  card = weights.save_params(params, cfg, folder, step=3, seq_len=8)
+  return folder, cfg, params, card, _params(1)[1]
+
+
+def _copy(exported, tmp_path):
+  return shutil.copytree(exported[0], tmp_path / "copy")
+
+
+def test_the_card_holds_a_checksum_of_every_array(exported):
+  folder, _, params, card, _ = exported
+  assert card["format_version"] == 2 and set(card["checksums"]) == set(weights.flatten(params))
+  _, loaded = weights.load_params(folder)
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+def test_flipped_bytes_in_an_array_are_caught(exported, tmp_path):
+  folder = _copy(exported, tmp_path)
+  data = bytearray((folder / "model.safetensors").read_bytes())
+  header = 8 + int.from_bytes(data[:8], "little")
+  start = header + json.loads(data[8:header])["embed/embedding"]["data_offsets"][0]
+  data[start + 40:start + 44] = bytes(255 - b for b in data[start + 40:start + 44])
+  (folder / "model.safetensors").write_bytes(bytes(data))
+  with pytest.raises(ValueError, match=r"model.safetensors fails its checksums: 1 array\(s\) .*embed/embedding.*"
+                                       + AGAIN):
+    weights.load_params(folder)
+
+
+def test_checksums_cannot_be_switched_off_by_editing_the_card(exported, tmp_path):
+  folder = _copy(exported, tmp_path)
+  card = json.loads((folder / "config.json").read_text())
+  del card["checksums"]
+  (folder / "config.json").write_text(json.dumps(card))
+  weights.load_params(folder)  # the file's own card supplies them
+  data = bytearray((folder / "model.safetensors").read_bytes())
+  data[-4:] = b"\0\0\0\1"
+  (folder / "model.safetensors").write_bytes(bytes(data))
+  with pytest.raises(ValueError, match="fails its checksums"):
+    weights.load_params(folder)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[:len(data) // 2], "not a readable safetensors file"),
+    (lambda data: b"", "not a readable safetensors file"),
+    (lambda data: b"\xff" * 64, "not a readable safetensors file"),
+], ids=["truncated", "empty", "malformed"])
+def test_a_damaged_weights_file_names_itself_and_the_fix(exported, tmp_path, damage, message):
+  folder = _copy(exported, tmp_path)
+  (folder / "model.safetensors").write_bytes(damage((folder / "model.safetensors").read_bytes()))
+  with pytest.raises(ValueError, match=rf"{folder / 'model.safetensors'} is {message} .*{AGAIN}"):
+    weights.load_params(folder)
+
+
+@pytest.mark.parametrize("card, message", [
+    ("{not json", "is not readable JSON"),
+    ('{"model": {"kind": "vanilla"}, "seq_len": -5}', r"seq_len=-5 must be an integer >= 1"),
+    ('{"model": {}, "format_version": 2}', None),
+])
+def test_a_broken_card_names_itself_and_the_fix(exported, tmp_path, card, message):
+  folder = _copy(exported, tmp_path)
+  if message is None:  # no checksums in either card of a format-2 export
+    _, cfg, params, _, _ = exported
+    weights.save_params(params, cfg, folder / "bare")
+    flat = weights.flatten(params)
+    import safetensors.numpy
+    safetensors.numpy.save_file(flat, folder / "bare" / "model.safetensors")
+    good = json.loads((folder / "config.json").read_text())
+    del good["checksums"]
+    (folder / "bare" / "config.json").write_text(json.dumps(good))
+    with pytest.raises(ValueError, match="format_version 2 but its card has no 'checksums'"):
+      weights.load_params(folder / "bare")
+    return
+  (folder / "config.json").write_text(card)
+  with pytest.raises(ValueError, match=rf"{folder / 'config.json'}.*{message}"):
+    weights.load_params(folder)
+
+
+def test_another_models_export_is_not_replaced_without_overwrite(exported, tmp_path):
+  folder = _copy(exported, tmp_path)
+  _, cfg, params, card, other = exported
+  before = (folder / "model.safetensors").read_bytes()
+  weights.save_params(params, cfg, folder, step=3, seq_len=8)  # the same export again is fine
+  with pytest.raises(ValueError, match=r"already holds model.safetensors and config.json of another export.*"
+                                       "--overwrite"):
+    weights.save_params(other, cfg, folder)
+  assert (folder / "model.safetensors").read_bytes() == before
+  weights.save_params(other, cfg, folder, overwrite=True)
+  _, loaded = weights.load_params(folder)
+  jax.tree.map(np.testing.assert_array_equal, loaded, other)
+
+
+def test_a_failed_write_keeps_the_previous_export(exported, tmp_path, monkeypatch):
+  folder = _copy(exported, tmp_path)
+  _, cfg, params, _, other = exported
+  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json")}
+  real = epath.Path.write_bytes
+
+  def full_disk(path, data):
+    real(path, data[:100])  # a partial write, then the error
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(epath.Path, "write_bytes", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    weights.save_params(other, cfg, folder, overwrite=True)
+  monkeypatch.undo()
+  assert {name: (folder / name).read_bytes() for name in before} == before
+  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]  # no temporary left
+  _, loaded = weights.load_params(folder)
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
+def test_new_weights_beside_an_old_card_are_refused(exported, tmp_path):
+  """A kill between the two renames leaves the new weights beside the previous card."""
+  folder = _copy(exported, tmp_path)
+  _, cfg, _, _, other = exported
+  weights.save_params(other, cfg, tmp_path / "new")
+  shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
+  with pytest.raises(ValueError, match="fails its checksums.*different exports"):
+    weights.load_params(folder)
