@@ -3,7 +3,6 @@ as metadata): async saves every N steps and on preemption, the latest N kept, re
 current run has and verified; unreadable or altered ones are moved aside and the previous one is used."""
 
 import errno
-import re
 import time
 
 import jax
@@ -24,12 +23,6 @@ def _is_disk_full(error: BaseException | None) -> bool:
       return True
     error = error.__cause__ or error.__context__
   return False
-
-
-def has_per_block_layout(names) -> bool:
-  """Whether array paths like 'params/body/pre/block_0/...' (hourglass_jax 0.1, before stacks were scanned)
-  appear in `names`."""
-  return any(re.search(r"(^|/)block_\d+/", name) for name in names)
 
 
 def array_shapes(tree) -> dict[str, tuple[int, ...]]:
@@ -164,13 +157,6 @@ class Checkpoints:
       if not allow_settings_change:
         check_same_function(saved_model, config["model"], f"{self.directory} step {step}")
       return
-    if has_per_block_layout(saved) and not has_per_block_layout(now):
-      workdir = self.directory.parent
-      raise TrainError(f"{self.directory} holds checkpoints (latest step {step}) in the per-block parameter layout "
-                       "of hourglass_jax 0.1, before stacks of blocks were scanned. Convert them once with "
-                       f"`hourglass-convert --workdir={workdir}` (the originals are kept in "
-                       f"{workdir / 'checkpoints_per_block'}), then rerun. The existing checkpoints were left "
-                       "untouched.")
     fields = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r}, config {v!r}"
                        for k, v in config["model"].items() if k in saved_model and saved_model[k] != v)
     examples = sorted(set(saved.items()) ^ set(now.items()))[:4]

@@ -8,7 +8,6 @@ import orbax.checkpoint as ocp
 
 from hourglass_jax import paths, weights
 from hourglass_jax.train import integrity
-from hourglass_jax.train.checkpoint import array_shapes, has_per_block_layout
 from hourglass_jax.train.checks import TrainError
 
 
@@ -21,10 +20,6 @@ def _reader(directory) -> ocp.CheckpointManager:
 def restore_params(reader: ocp.CheckpointManager, step: int, where: str) -> dict:
   """Checkpoint `step`'s params as nested NumPy arrays, whatever mesh saved them; the optimizer state is not read."""
   tree = reader.item_metadata(step)["state"].tree
-  if has_per_block_layout(array_shapes(tree)):
-    workdir = paths.as_path(reader.directory).parent
-    raise TrainError(f"{where} is in the per-block parameter layout of hourglass_jax 0.1; convert it once with "
-                     f"`hourglass-convert --workdir={workdir}`, then export.")
   item = {"params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])}
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
   try:
