@@ -13,7 +13,7 @@ from flax import nnx
 from flax.nnx import bridge
 
 from hourglass_jax import nn as hnn
-from hourglass_jax.config.base import DEFAULT_RULES
+from hourglass_jax.sharding import DEFAULT_RULES
 from hourglass_jax.model import build_model
 from hourglass_jax.model.layers import dense
 from tests.helpers import small_config

@@ -11,9 +11,10 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from hourglass_jax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
+
 POSITIONS = ("rope", "relative")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "reference")
 # What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.
 REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
 
