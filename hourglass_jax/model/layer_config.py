@@ -82,12 +82,12 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
 EVERY_KIND = "every kind"  # `setting(function_of=EVERY_KIND)`: the field changes every kind's function
 
 
-def setting(default, *, function_of=(), set_by: str | None = None, **kwargs):
+def setting(default, *, function_of=(), set_by: str | None = None):
   """A config field. `function_of`: the model kinds whose function it changes while every parameter shape stays
   (a factor in `hierarchy`, 'avg' vs 'repeat', rope_base...; EVERY_KIND for all): checkpoints record it and a
   resume, evaluation or sample compares it, since the shape check cannot see it. `set_by`: another config section
   sets it."""
-  return dataclasses.field(default=default, metadata={"function_of": function_of, "set_by": set_by}, **kwargs)
+  return dataclasses.field(default=default, metadata={"function_of": function_of, "set_by": set_by})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,11 +144,12 @@ class LayerConfig(BlockSettings):
 
 def module_fields(settings: type, **defaults) -> type:
   """The fields of the dataclass `settings` as a keyword-only dataclass a Linen module can inherit (Linen modules
-  cannot inherit a frozen one); `defaults` replaces some defaults, which makes those fields optional."""
+  cannot inherit a frozen one; nn.Module's repr and each module's eq stay); `defaults` replaces some defaults, which
+  makes those fields optional."""
   fields = [(f.name, f.type | None if f.name in defaults and defaults[f.name] is None else f.type,
              dataclasses.field(default=defaults.get(f.name, f.default), kw_only=True))
             for f in dataclasses.fields(settings)]
-  return dataclasses.make_dataclass(f"{settings.__name__}Fields", fields, repr=False, eq=False)  # as Linen makes them
+  return dataclasses.make_dataclass(f"{settings.__name__}Fields", fields, repr=False, eq=False)
 
 
 class LayerOptions(module_fields(BlockSettings, d_model=None, d_ff=None), nn.Module):
