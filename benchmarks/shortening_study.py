@@ -15,9 +15,9 @@ whole validation split (bits per byte; for the learned ones also the boundary ra
 Procedure, per corpus: each model's learning rate is the one of --learning_rates with the lowest validation bits per
 byte at the middle budget (the first seed; of an even count of budgets the lower middle, so --budgets_tflop
 1,4,16,64 reuses the sweep of 1,4,16); then every budget x seed trains with that rate. Runs are appended to
-results/<name>.json one at a time, and a rerun skips every run already recorded there (same corpus, model, budget,
-seed, rate, widths, layers, shape, segment capacity, read rule), so the study can run in pieces: --max_minutes starts
-no run past that many minutes.
+results/<name>.json one at a time, a summary each (settings, scores, boundary rates, machine; no loss curve), and a
+rerun skips every run already recorded there (same corpus, model, budget, seed, rate, widths, layers, shape, segment
+capacity, read rule), so the study can run in pieces: --max_minutes starts no run past that many minutes.
 results/<name>.md (the table) and results/<name>.png (bits per byte against FLOPs) are rewritten from all recorded
 runs at the end of each call; --report_only rewrites them without training.
 """
@@ -186,7 +186,8 @@ def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning
 
 
 def train_once(cfg) -> dict:
-  """Trains cfg in a temporary workdir; validation bits per byte (None if the loss diverged), sown metrics, losses.
+  """Trains cfg in a temporary workdir: the run's summary, validation bits per byte (None if the loss diverged), sown
+  metrics and the final training loss (not every step's: the study reads only the summary).
   Training stopped by a signal ends the study with a message (its workdir is temporary: nothing to resume from)."""
   start = time.perf_counter()
   with tempfile.TemporaryDirectory() as workdir:
@@ -200,7 +201,6 @@ def train_once(cfg) -> dict:
                      f"{cfg.train.steps}; that run is not recorded, rerun the same command to train it again.")
   return dict(valid_bits=summary["eval"]["bits"], valid_tokens=summary["eval"]["tokens"],
               eval_metrics=summary["eval"]["metrics"], final_train_bits=summary["losses"][cfg.train.steps] / LN2,
-              losses={str(k): v / LN2 for k, v in summary["losses"].items()},
               tokens_per_s=summary.get("tokens_per_second"), wall_s=round(time.perf_counter() - start, 1))
 
 

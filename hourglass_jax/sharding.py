@@ -8,8 +8,25 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from hourglass_jax.model.layers import LAYERS_AXIS
+
 MESH_AXES = ("data", "fsdp", "tensor")
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers")
+
+# Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
+# logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
+# 'embed' dimension over fsdp (ZeRO-3 style) and heads / mlp / vocab over tensor (Megatron style). Scanned stacks
+# add a leading 'layers' axis to their blocks' parameters.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    (LAYERS_AXIS, None),  # the leading axis of scanned block parameters: replicated (map it to pipeline stages later)
+)
+LOGICAL_AXES = tuple(name for name, _ in DEFAULT_RULES)  # every logical axis name the model code uses
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:

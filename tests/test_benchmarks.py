@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks import (common, dense_kernel_gradient, dynamic_decode, dynamic_step, learning, overflow_cost,
-                        peer_compare, shortening_study, throughput)
+from benchmarks import common, dynamic_decode, dynamic_step, learning, peer_compare, shortening_study, throughput
 from benchmarks.peer_compare import Worker
 from hourglass_jax import host_memory
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
@@ -29,14 +28,6 @@ def test_throughput_records_costs_timings_and_plot(tmp_path):
   assert runs[-1]["machine"]["loadavg"] and runs[-1]["machine"]["cores"]
   if importlib.util.find_spec("matplotlib"):  # the `bench` extra
     assert (tmp_path / "throughput_cost_curves.png").stat().st_size > 0
-
-
-def test_dense_kernel_gradient_benchmark_times_both_forms_and_counts_transposed_dots(tmp_path):
-  record = dense_kernel_gradient.main(["--quick", "--results", str(tmp_path)])
-  rows = record["rows"]
-  assert rows["lax_transpose_rule"]["transposed_lhs_dots"] > 0 and rows["library"]["transposed_lhs_dots"] == 0
-  assert rows["library"]["step_s"] > 0 and rows["speedup"]["median"] > 0
-  assert json.loads((tmp_path / "dense_kernel_gradient_quick.json").read_text())[-1]["load_during"]
 
 
 @pytest.mark.slow
@@ -197,18 +188,6 @@ def test_shortening_study_trains_records_and_resumes(tmp_path):
   assert shortening_study.main(argv) == []  # every planned run is recorded: nothing trains again
   assert len(json.loads((tmp_path / "shortening_study_quick.json").read_text())) == 1
   assert "| dynamic_whitespace | 0.003 |" in (tmp_path / "shortening_study_quick.md").read_text()
-
-
-@pytest.mark.slow
-def test_overflow_cost_evaluates_one_trained_model_at_each_segment_capacity(tmp_path):
-  record = overflow_cost.main(["--quick", "--capacities", "0.5,4.0", "--results", str(tmp_path)])
-  tight, roomy = record["evaluations"]
-  assert (tight["segment_capacity"], roomy["segment_capacity"]) == (0.5, 4.0)
-  # the same parameters: the boundaries do not depend on the slots, only which positions overflow does
-  assert tight["boundary_rate"] == pytest.approx(roomy["boundary_rate"], abs=1e-6)
-  assert tight["segment_overflow"] > 0.05 and roomy["segment_overflow"] == 0.0  # 4.0: a slot for every position
-  assert tight["valid_bits"] != roomy["valid_bits"]  # the overflowing positions read another segment
-  assert json.loads((tmp_path / "overflow_cost.json").read_text())[-1]["evaluations"] == record["evaluations"]
 
 
 def test_peer_driver_speaks_the_worker_protocol():

@@ -8,7 +8,7 @@ from hourglass_jax.cli import main, usage
 from tests.helpers import run
 
 ENTRIES = {"train_entry": usage.TRAIN_FLAGS, "eval_entry": usage.EVAL_FLAGS, "data_entry": usage.DATA_FLAGS,
-           "convert_entry": usage.CONVERT_FLAGS, "sample_entry": usage.SAMPLE_FLAGS}
+           "sample_entry": usage.SAMPLE_FLAGS}
 ABSL_AND_JAX = ("--verbosity", "--jax_platforms", "--only_check_args")
 
 

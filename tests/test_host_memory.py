@@ -131,10 +131,11 @@ def test_configure_rejects_an_unknown_mode():
 
 @pytest.mark.parametrize("mode, kept", [("auto", True), ("system", False)])
 def test_the_clis_set_host_malloc_before_the_backend_starts(tmp_path, mode, kept):
-  # hourglass-convert reaches the CLIs' shared set-up, then stops on the empty workdir; INFO shows the log line.
-  done = run([sys.executable, "-c", "from hourglass_jax.cli.main import convert_entry; convert_entry()",
-              f"--workdir={tmp_path}", "--verbosity=0", f"--host_malloc={mode}"], devices=1)
-  assert "checkpoints does not exist" in done.stderr, done.stderr[-2000:]
+  # hourglass-export reaches the CLIs' shared set-up, then stops on the empty workdir; INFO shows the log line.
+  done = run([sys.executable, "-c", "from hourglass_jax.cli.main import export_entry; export_entry()",
+              f"--workdir={tmp_path}", f"--output={tmp_path / 'out'}", "--verbosity=0", f"--host_malloc={mode}"],
+             devices=1)
+  assert "no checkpoints under" in done.stderr, done.stderr[-2000:]
   assert ("glibc malloc keeps freed memory" in done.stderr) is kept, done.stderr[-2000:]
   assert "already started" not in done.stderr
 

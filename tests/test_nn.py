@@ -13,9 +13,11 @@ from flax import nnx
 from flax.nnx import bridge
 
 from hourglass_jax import nn as hnn
-from hourglass_jax.config.base import DEFAULT_RULES
 from hourglass_jax.model import build_model
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.layer_config import LAYER_FIELDS
 from hourglass_jax.model.layers import dense
+from hourglass_jax.sharding import DEFAULT_RULES
 from tests.helpers import small_config
 
 WIDTH = 24  # no config default: every module takes the input's width
@@ -234,14 +236,15 @@ def test_the_body_shards_over_a_mesh_by_its_logical_axes():
   np.testing.assert_allclose(y_BxLxD, body.apply(jax.device_get(variables), x_BxLxD), rtol=1e-5, atol=1e-5)
 
 
-def test_layer_options_defaults_are_layer_config_defaults():
-  """LayerOptions restates LayerConfig's fields for keyword-only module arguments: the same names and defaults
-  (except the two taken from the input's width)."""
-  config_defaults = {f.name: f.default for f in dataclasses.fields(hnn.LayerConfig)}
-  option_defaults = {name: getattr(hnn.LayerOptions, name) for name in config_defaults}
+def test_module_keyword_arguments_are_the_block_settings_of_model_config():
+  """LayerOptions' fields come from the one declaration ModelConfig and LayerConfig inherit: the same names and
+  defaults, except the two a module takes from its input's width."""
+  model_defaults = {name: getattr(ModelConfig(), name) for name in LAYER_FIELDS}
+  option_defaults = {f.name: f.default for f in dataclasses.fields(hnn.LayerOptions) if f.name in LAYER_FIELDS}
   assert option_defaults.pop("d_model") is None and option_defaults.pop("d_ff") is None
-  del config_defaults["d_model"], config_defaults["d_ff"]
-  assert option_defaults == config_defaults
+  del model_defaults["d_model"], model_defaults["d_ff"]
+  assert option_defaults == model_defaults
+  assert [f.name for f in dataclasses.fields(hnn.LayerConfig)] == list(LAYER_FIELDS)
 
 
 def test_a_body_decodes_with_its_own_cache():

@@ -1,1 +1,1 @@
-"""Command-line entry points (main.py: hourglass-train, -eval, -data, -sample, -convert, -export) and their flags."""
+"""Command-line entry points (main.py: hourglass-train, -eval, -data, -sample, -export) and their flags."""

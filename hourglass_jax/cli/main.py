@@ -1,5 +1,5 @@
 """Command-line entry points (absl flags + ml_collections config files): hourglass-train, hourglass-eval,
-hourglass-data, hourglass-convert, hourglass-sample, hourglass-export."""
+hourglass-data, hourglass-sample, hourglass-export."""
 
 import logging
 import os
@@ -174,22 +174,6 @@ def _data(argv):
 def data_entry():
   usage.declare(usage.DATA, usage.DATA_FLAGS)
   app.run(_data, flags_parser=_parse_flags)
-
-
-def _convert(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  _setup(absl_logging.ERROR)
-  from hourglass_jax.train.convert import convert_workdir
-
-  _run(lambda: convert_workdir(_WORKDIR.value))
-
-
-def convert_entry():
-  """hourglass-convert --workdir=DIR: checkpoints of the per-block layout -> the scanned layout, in place."""
-  usage.declare(usage.CONVERT, usage.CONVERT_FLAGS)
-  flags.mark_flags_as_required(["workdir"])
-  app.run(_convert, flags_parser=_parse_flags)
 
 
 def _sample(argv):

@@ -35,11 +35,6 @@ Usage: hourglass-data prepare NAME [--manual_dir=DIR] [--data_dir=DIR]   (the da
 Example:
   .venv/bin/hourglass-data prepare text_files --manual_dir=my_texts/ --data_dir=data/my_texts"""
 
-CONVERT = """hourglass-convert: rewrites a workdir's per-block checkpoints in the scanned layout, in place.
-
-Example:
-  .venv/bin/hourglass-convert --workdir=workdirs/old"""
-
 EXPORT = """hourglass-export: writes a checkpoint's parameters as safetensors with a JSON model card.
 
 Example:
@@ -57,7 +52,6 @@ EVAL_FLAGS = ("config", "workdir", "split", *_RUNTIME, *_DISTRIBUTED)
 SAMPLE_FLAGS = ("config", "workdir", "split", "prompt", "prompt_file", "num_samples", "max_new_tokens", "temperature",
                 "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", *_RUNTIME, *_DISTRIBUTED)
 DATA_FLAGS = ("data_dir", "manual_dir")
-CONVERT_FLAGS = ("workdir", *_RUNTIME)
 EXPORT_FLAGS = ("workdir", "output", "step", "dtype", *_RUNTIME)
 BOUNDARIES_FLAGS = ("weights", "text", "gumbel_evaluation")
 

@@ -4,22 +4,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hourglass_jax.model.config import config_section_fields
-
-
-# Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
-# logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
-# 'embed' dimension over fsdp (ZeRO-3 style) and heads / mlp / vocab over tensor (Megatron style). Scanned stacks
-# add a leading 'layers' axis to their blocks' parameters.
-DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("layers", None),  # the leading axis of scanned block parameters: replicated (map it to pipeline stages later)
-)
+from hourglass_jax.sharding import DEFAULT_RULES
 
 
 def base_config() -> ml_collections.ConfigDict:

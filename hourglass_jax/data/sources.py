@@ -16,7 +16,7 @@ from hourglass_jax.data import catalog
 from hourglass_jax.data.eval_windows import PROTOCOLS, ScoredWindows, protocol_context
 
 DIRECT = ("text_file", "synthetic")  # read without TFDS
-SPLITS = ("train", "valid", "validation", "test")
+SPLITS = (*catalog.SPLIT_NAMES, *catalog.SPLIT_ALIASES)  # the split names and the configs' spellings of them
 
 
 class WindowSource:
@@ -142,7 +142,7 @@ def make_source(data_cfg, split: str, vocab_size: int, seed: int, *, eval_window
   configured eval protocol's windows, which score every byte but the first once; images are whole sequences."""
   name, seq_len = data_cfg.name, data_cfg.seq_len
   if name == "synthetic":
-    return SyntheticSource(vocab_size, seq_len, seed + 1 + SPLITS.index(split))
+    return SyntheticSource(vocab_size, seq_len, seed + 1 + catalog.SPLIT_NAMES.index(catalog.SPLIT_ALIASES.get(split, split)))
   data_dir = data_cfg.get("data_dir", "")
   if dataset_kind(name) == "image":
     from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel

@@ -4,9 +4,9 @@ import dataclasses
 from typing import Any, Mapping
 
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
-from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, LAYER_FIELDS, POSITIONS, REMAT_POLICIES,
-                                              DerivedLayerSettings, LayerConfig, check_choice, check_int,
-                                              check_layer_settings, check_types)
+from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIND, LAYER_FIELDS, POSITIONS,
+                                              REMAT_POLICIES, BlockSettings, LayerConfig, check_choice, check_int,
+                                              check_layer_settings, check_types, setting)
 from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
 from hourglass_jax.model.hourglass.dynamic_level import (check_dynamic_level, check_dynamic_settings,
                                                         level_predictors)
@@ -23,61 +23,45 @@ __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLI
            "function_fields", "config_section_fields"]
 
 
-def _field(default, *, function_of: tuple[str, ...] = (), set_by: str | None = None):
-  """A ModelConfig field. `function_of`: the kinds whose function it changes while every parameter shape stays
-  (a factor in `hierarchy`, 'avg' vs 'repeat', rope_base...): checkpoints record it and a resume, evaluation or
-  sample compares it, since the shape check cannot see it. `set_by`: another config section sets it."""
-  return dataclasses.field(default=default, metadata={"function_of": function_of, "set_by": set_by})
-
-
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(DerivedLayerSettings):
+class ModelConfig(BlockSettings):
   """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
 
-  hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
-  as '12@1'; topdown and bottomup from `layers_per_scale`. See multiscale/scales.py for the multi-scale notation.
+  The block settings (d_model, num_heads, d_ff, dropout, dtype, attention_impl, position, ...) and their defaults
+  are `BlockSettings`' (layer_config.py). hourglass and vanilla take their depth from `hierarchy`; retina (one stack)
+  from a single-level `hierarchy` such as '12@1'; topdown and bottomup from `layers_per_scale`. See
+  multiscale/scales.py for the multi-scale notation.
+
+  The defaults describe the papers' models: the enwik8 Hourglass ('5@1 24@3 5@1', configs/enwik8.py) and the
+  four-scale multi-scale models ('64,16,4,1'). The `hourglass_jax.nn` modules default to small bodies to build on
+  ('2@1 4@3 2@1' as configs/default.py, '16,4,1'), and take d_model and d_ff from their input.
   """
-  kind: str = _field("hourglass", function_of=KINDS)
+  kind: str = setting("hourglass", function_of=KINDS)
   vocab_size: int = 256
-  d_model: int = 512
-  num_heads: int = 8
-  d_ff: int = 2048
-  hierarchy: str = _field("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
-  shorten: str = _field("attention_avg", function_of=("hourglass",))
-  upsample: str = _field("attention_repeat", function_of=("hourglass",))
-  position: str = _field("rope", function_of=KINDS)
+  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
+  shorten: str = setting("attention_avg", function_of=("hourglass",))
+  upsample: str = setting("attention_repeat", function_of=("hourglass",))
   # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS; one name, or one per shortened
   # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`,
   # but a run of `boundary_run_bytes` closes one, after its first byte (' ': an indentation stays in one segment).
   # Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
-  boundaries: str = _field("gumbel", function_of=(DYNAMIC,))
-  boundary_bytes: str = _field(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
-  boundary_run_bytes: str = _field("", function_of=(DYNAMIC,))
-  segment_capacity: float = _field(1.5, function_of=(DYNAMIC,))
+  boundaries: str = setting("gumbel", function_of=(DYNAMIC,))
+  boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
+  boundary_run_bytes: str = setting("", function_of=(DYNAMIC,))
+  segment_capacity: float = setting(1.5, function_of=(DYNAMIC,))
   # 'mean' averages a segment's vectors; 'linear' averages W_s x + b, a matrix per position s < k in the segment.
-  segment_pooling: str = _field("mean", function_of=(DYNAMIC,))
+  segment_pooling: str = setting("mean", function_of=(DYNAMIC,))
   gumbel_temperature: float = 0.5  # training only: the relaxed Bernoulli's temperature
   # evaluation only, 'gumbel': cut where sigmoid(logit) > 1/2 ('threshold'), or draw as in training with noise fixed
   # per position ('sample': evaluation cuts at the training rate)
   gumbel_evaluation: str = "threshold"
   boundary_loss_weight: float = 1.0  # training only: weight of the prior ('gumbel', 'entropy') or ratio loss ('routing')
-  dropout: float = 0.0
-  attention_dropout: float | None = None  # attention-probability dropout; None = model.dropout (as the paper)
-  dtype: str = "float32"
-  attention_impl: str = "auto"
-  layer_norm_eps: float = _field(1e-6, function_of=KINDS)
-  rope_base: float = _field(10_000.0, function_of=KINDS)
-  scales: str = _field("64,16,4,1", function_of=MULTISCALE_KINDS)
-  layers_per_scale: str = _field("2,4,8,12", function_of=("topdown", "bottomup"))
-  heads_per_scale: str = _field("", function_of=("bottomup", "retina"))
-  downsampler: str = _field("avg", function_of=MULTISCALE_KINDS)
-  upsampler: str = _field("transposed_conv", function_of=("topdown",))
-  retina_windows: str = _field("", function_of=("retina",))
-  # Execution only (same function, same params): activation rematerialisation inside each scanned block, and how
-  # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled). The train
-  # section sets remat_policy (train.remat / train.remat_policy).
-  remat_policy: str = _field("none", set_by="train.remat_policy")
-  scan_unroll: int = 1
+  scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)
+  layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))
+  heads_per_scale: str = setting("", function_of=("bottomup", "retina"))
+  downsampler: str = setting("avg", function_of=MULTISCALE_KINDS)
+  upsampler: str = setting("transposed_conv", function_of=("topdown",))
+  retina_windows: str = setting("", function_of=("retina",))
 
   def __post_init__(self):
     check_types(self, "model.")
@@ -178,7 +162,8 @@ def _check_no_dynamic_settings(cfg: ModelConfig) -> None:
 def function_fields(kind: str) -> tuple[str, ...]:
   """The fields that change a `kind` model's function without changing a parameter shape (see `_field`); kind
   'dynamic': those that do so only with shorten='dynamic', beside the hourglass ones."""
-  return tuple(f.name for f in dataclasses.fields(ModelConfig) if kind in f.metadata.get("function_of", ()))
+  return tuple(f.name for f in dataclasses.fields(ModelConfig)
+               if kind in (KINDS if f.metadata.get("function_of") == EVERY_KIND else f.metadata.get("function_of", ())))
 
 
 def config_section_fields() -> dict[str, Any]:

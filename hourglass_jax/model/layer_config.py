@@ -1,7 +1,9 @@
-"""The settings every transformer block reads (width, heads, dropout, dtype, attention, positions), validated once.
+"""The settings every transformer block reads (width, heads, dropout, dtype, attention, positions), declared once
+(`BlockSettings`) and validated once.
 
-`LayerOptions` is the base of the reusable modules (`hourglass_jax.nn`): their plain keyword arguments become a
-`LayerConfig` for the blocks inside. `ModelConfig` checks its copies of these fields with the same function.
+`ModelConfig` and `LayerConfig` inherit the declaration; `LayerOptions`, the base of the reusable modules
+(`hourglass_jax.nn`), takes the same fields as keyword arguments (`module_fields`) and turns them into a `LayerConfig`
+for the blocks inside.
 """
 
 import dataclasses
@@ -12,9 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hourglass_jax.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLS
+
 POSITIONS = ("rope", "relative")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "block", "flash", "reference")
 # What a rematerialised block keeps for the backward pass: nothing (recompute the whole block) or its matmul outputs.
 REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable")
 
@@ -85,14 +88,36 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
                      "use position='rope' or attention_impl='xla'.")
 
 
-class DerivedLayerSettings:
-  """What blocks derive from the settings; shared by LayerConfig and ModelConfig (cached decoding reads the
-  latter)."""
-  d_model: int
-  num_heads: int
-  dtype: str
-  dropout: float
-  attention_dropout: float | None
+EVERY_KIND = "every kind"  # `setting(function_of=EVERY_KIND)`: the field changes every kind's function
+
+
+def setting(default, *, function_of=(), set_by: str | None = None):
+  """A config field. `function_of`: the model kinds whose function it changes while every parameter shape stays
+  (a factor in `hierarchy`, 'avg' vs 'repeat', rope_base...; EVERY_KIND for all): checkpoints record it and a
+  resume, evaluation or sample compares it, since the shape check cannot see it. `set_by`: another config section
+  sets it."""
+  return dataclasses.field(default=default, metadata={"function_of": function_of, "set_by": set_by})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockSettings:
+  """The block settings, declared once with the defaults of `ModelConfig` (which inherits them, as `LayerConfig`
+  does); the modules of `hourglass_jax.nn` take them as keyword arguments (`LayerOptions`)."""
+  d_model: int = 512
+  num_heads: int = 8
+  d_ff: int = 2048
+  dropout: float = 0.0
+  attention_dropout: float | None = None  # attention-probability dropout; None = dropout (as the paper)
+  dtype: str = "float32"
+  attention_impl: str = "auto"
+  position: str = setting("rope", function_of=EVERY_KIND)
+  rope_base: float = setting(10_000.0, function_of=EVERY_KIND)
+  layer_norm_eps: float = setting(1e-6, function_of=EVERY_KIND)
+  # Execution only (same function, same params): activation rematerialisation inside each scanned block, and how
+  # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled). In a config file
+  # the train section sets remat_policy (train.remat / train.remat_policy).
+  remat_policy: str = setting("none", set_by="train.remat_policy")
+  scan_unroll: int = 1
 
   @property
   def head_dim(self) -> int:
@@ -108,22 +133,14 @@ class DerivedLayerSettings:
     return float(self.dropout if self.attention_dropout is None else self.attention_dropout)
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerConfig(DerivedLayerSettings):
+LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(BlockSettings))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerConfig(BlockSettings):
   """What a block reads: the model width, heads, feed-forward width, dropout, dtype, attention kernel, positions,
   and how its stack executes (remat policy, scan unroll). Validated when built."""
-  d_model: int
-  num_heads: int = 8
-  d_ff: int = 2048
-  dropout: float = 0.0
-  attention_dropout: float | None = None  # attention-probability dropout; None = dropout (as the paper)
-  dtype: str = "float32"
-  attention_impl: str = "auto"
-  position: str = "rope"
-  rope_base: float = 10_000.0
-  layer_norm_eps: float = 1e-6
-  remat_policy: str = "none"
-  scan_unroll: int = 1
+  d_model: int  # no default: built for the width of the stream its blocks read
 
   def __post_init__(self):
     check_types(self, "")
@@ -131,28 +148,23 @@ class LayerConfig(DerivedLayerSettings):
 
   def options(self) -> dict[str, Any]:
     """These settings as the keyword arguments of a `LayerOptions` module."""
-    return dataclasses.asdict(self)
+    return {name: getattr(self, name) for name in LAYER_FIELDS}
 
 
-LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerConfig))
+def module_fields(settings: type, **defaults) -> type:
+  """The fields of the dataclass `settings` as a keyword-only dataclass a Linen module can inherit (Linen modules
+  cannot inherit a frozen one; nn.Module's repr and each module's eq stay); `defaults` replaces some defaults, which
+  makes those fields optional."""
+  fields = [(f.name, f.type | None if f.name in defaults and defaults[f.name] is None else f.type,
+             dataclasses.field(default=defaults.get(f.name, f.default), kw_only=True))
+            for f in dataclasses.fields(settings)]
+  return dataclasses.make_dataclass(f"{settings.__name__}Fields", fields, repr=False, eq=False)
 
 
-class LayerOptions(nn.Module):
-  """Keyword-only block settings shared by the reusable modules. `d_model=None` takes the input's width and
-  `d_ff=None` four times it; the rest as `LayerConfig`."""
-  _: dataclasses.KW_ONLY
-  d_model: int | None = None
-  num_heads: int = 8
-  d_ff: int | None = None
-  dropout: float = 0.0
-  attention_dropout: float | None = None
-  dtype: str = "float32"
-  attention_impl: str = "auto"
-  position: str = "rope"
-  rope_base: float = 10_000.0
-  layer_norm_eps: float = 1e-6
-  remat_policy: str = "none"
-  scan_unroll: int = 1
+class LayerOptions(module_fields(BlockSettings, d_model=None, d_ff=None), nn.Module):
+  """Keyword-only block settings shared by the reusable modules: `BlockSettings`' fields and defaults, except that
+  a module adapts to its input, so `d_model=None` takes the input's width and `d_ff=None` four times it (a config
+  describes a whole model, so there they are numbers)."""
 
   def check_cache_length(self, length: int, multiple: int) -> None:
     """Raises unless a decoding cache of `length` positions is a positive multiple of `multiple` (the body's

@@ -2,7 +2,8 @@
 
 The kernel gradient of y = x W contracts the token axis of both x [T, D] and dy [T, F]. XLA:CPU may then copy dy to
 [F, T] and run dot(x, dy^T) with the left operand contracted on its first axis: an Eigen dot at 79 GFLOP/s on the
-2-core AMD VM against 190 for the same product in YNNPACK (the whole step: benchmarks/dense_kernel_gradient.py).
+2-core AMD VM against 190 for the same product in YNNPACK (the whole step:
+benchmarks/results/dense_kernel_gradient.json).
 On CPU, `dense_dot_general` computes that gradient from x^T materialised once (optimization_barrier keeps XLA from
 folding the transpose back into the dot), so the product contracts its left operand's last axis. GPU and TPU
 libraries take transposed operands at full speed, so there it is plain `lax.dot_general`.

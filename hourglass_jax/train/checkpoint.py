@@ -10,7 +10,6 @@ in its metadata, or restored unverified with a warning when it has none."""
 
 import errno
 import logging
-import re
 import time
 
 import jax
@@ -56,12 +55,6 @@ class _QuietDiskFull(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
     return not (_is_disk_full(error) or "No space left on device" in record.getMessage())
-
-
-def has_per_block_layout(names) -> bool:
-  """Whether array paths like 'params/body/pre/block_0/...' (hourglass_jax 0.1, before stacks were scanned)
-  appear in `names`."""
-  return any(re.search(r"(^|/)block_\d+/", name) for name in names)
 
 
 def array_shapes(tree) -> dict[str, tuple[int, ...]]:
@@ -233,13 +226,6 @@ class Checkpoints:
       if not allow_settings_change:
         check_same_function(saved_model, config["model"], f"{self.directory} step {step}")
       return
-    if has_per_block_layout(saved) and not has_per_block_layout(now):
-      workdir = self.directory.parent
-      raise TrainError(f"{self.directory} holds checkpoints (latest step {step}) in the per-block parameter layout "
-                       "of hourglass_jax 0.1, before stacks of blocks were scanned. Convert them once with "
-                       f"`hourglass-convert --workdir={workdir}` (the originals are kept in "
-                       f"{workdir / 'checkpoints_per_block'}), then rerun. The existing checkpoints were left "
-                       "untouched.")
     fields = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r}, config {v!r}"
                        for k, v in config["model"].items() if k in saved_model and saved_model[k] != v)
     examples = sorted(set(saved.items()) ^ set(now.items()))[:4]

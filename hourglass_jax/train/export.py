@@ -8,7 +8,7 @@ import orbax.checkpoint as ocp
 
 from hourglass_jax import paths, weights
 from hourglass_jax.train import integrity
-from hourglass_jax.train.checkpoint import array_shapes, has_per_block_layout, unwrap_data
+from hourglass_jax.train.checkpoint import unwrap_data
 from hourglass_jax.train.checks import TrainError
 
 
@@ -26,10 +26,6 @@ def restore_params(reader: ocp.CheckpointManager, step: int, where: str) -> dict
   except Exception as error:
     raise TrainError(f"{where} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]}); export "
                      "an earlier step with --step.") from error
-  if has_per_block_layout(array_shapes(tree)):
-    workdir = paths.as_path(reader.directory).parent
-    raise TrainError(f"{where} is in the per-block parameter layout of hourglass_jax 0.1; convert it once with "
-                     f"`hourglass-convert --workdir={workdir}`, then export.")
   item = {"params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree["params"])}
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
   try:

@@ -107,6 +107,7 @@ class Hourglass(LayerOptions):
   for run bytes whose runs close one segment `runs_BxL` (`byte_mask(tokens, run_bytes)`) beside
   `byte_mask(tokens, boundary_bytes)` as the boundaries: cached decoding needs both to merge runs across steps.
   """
+  # A small body to build on (configs/default.py's); ModelConfig's default is the paper's enwik8 model, '5@1 24@3 5@1'.
   hierarchy: str = "2@1 4@3 2@1"
   shorten: str = "attention_avg"
   upsample: str = "attention_repeat"

@@ -125,6 +125,8 @@ class Retina(LayerOptions):
   notation. Block settings: `LayerOptions`. Cached decoding: `cache`, and `position` None to prefill x's rows as
   positions 0.., else the traced position of x's single row; returns (y, cache)."""
   num_layers: int = 2
+  # A small body to build on; ModelConfig's scales default to the paper's '64,16,4,1', and its retina_windows has
+  # no default (a retina config names them).
   scales: str = "16,4,1"
   retina_windows: str = "0:8,8:32,32:64"
   heads_per_scale: str = ""

@@ -68,6 +68,7 @@ class TopDown(LayerOptions):
   `layers_per_scale` ('2,4,8,12') as in the multi-scale notation; `downsampler` 'avg' | 'conv', `upsampler`
   'transposed_conv' | 'repeat'. Block settings: `LayerOptions`. Cached decoding: see the module docstring;
   returns (y, cache)."""
+  # A small body to build on; ModelConfig's defaults are the paper's four-scale model ('64,16,4,1', '2,4,8,12').
   scales: str = "16,4,1"
   layers_per_scale: str = "2,2,2"
   downsampler: str = "avg"
@@ -182,6 +183,7 @@ class BottomUp(LayerOptions):
   aggregation layer at scale 1 whose head groups (`heads_per_scale`, '' = even split) read all scales; then the
   scale-1 stack gives y. Fields as `TopDown`; block settings: `LayerOptions`. Cached decoding: see the module
   docstring; returns (y, cache)."""
+  # A small body to build on; ModelConfig's defaults are the paper's four-scale model ('64,16,4,1', '2,4,8,12').
   scales: str = "16,4,1"
   layers_per_scale: str = "2,2,2"
   heads_per_scale: str = ""
