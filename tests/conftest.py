@@ -29,3 +29,9 @@ def release_compiled_programs():
   import jax  # imported here: the settings above must precede jax's import
   jax.clear_caches()
   gc.collect()
+
+
+def pytest_collection_modifyitems(items):
+  """Tests marked slow or multiprocess first (in their order), so that under xdist the long ones start early and
+  the many short ones fill the gaps, instead of one long test running alone at the end."""
+  items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("multiprocess")))

@@ -1,7 +1,7 @@
 """The test suite's shared helpers, in one module (test modules import from here, never from each other):
 
 - model tests: SMALL / small_config (one set of dimensions, so eager-mode op compilations are reused across tests),
-  the quick_compiles fixture, the causality check (LENGTHS, assert_causal), and option grids (option_grid: every
+  the optimized_programs fixture, the causality check (LENGTHS, assert_causal), and option grids (option_grid: every
   pair of options, or the whole product with HOURGLASS_FULL_GRID=1);
 - config files: CONFIGS (the repository's configs/ folder) and load_config;
 - training-system tests: one config (batch 8, dropout, constant learning rate after warmup, a one-layer model unless
@@ -45,13 +45,20 @@ def small_config(**overrides) -> ModelConfig:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def quick_compiles():
-  """Import into a test module of tiny programs that run for milliseconds, where XLA's optimisations would cost most
-  of the test time: the module's tests then compile without them."""
+def optimized_programs():
+  """Import into a test module whose programs run long enough (many executions, benchmark loops) that XLA's backend
+  optimisations pay for themselves: the suite turns them off (tests/conftest.py), this module and the subprocesses
+  it starts turn them back on."""
   previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
+  variable = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+  jax.config.update("jax_disable_most_optimizations", False)
+  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
   yield
   jax.config.update("jax_disable_most_optimizations", previous)
+  if variable is None:
+    os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+  else:
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = variable
 
 
 FULL_GRID = bool(os.environ.get("HOURGLASS_FULL_GRID"))

@@ -11,7 +11,7 @@ import pytest
 from hourglass_jax.model import ModelConfig, build_model, decode, parse_hierarchy
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.testing import random_variables
-from tests.helpers import SMALL, quick_compiles, small_config  # noqa: F401  (quick_compiles: an autouse fixture)
+from tests.helpers import SMALL, small_config
 
 VOCAB = SMALL["vocab_size"]
 LENGTH = 6

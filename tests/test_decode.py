@@ -17,8 +17,7 @@ from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, WHITESPACE_BYTES
-from tests.helpers import (SMALL, centered_gumbel_levels, dynamic_variables, option_grid,  # noqa: F401
-                           quick_compiles, small_config)
+from tests.helpers import SMALL, centered_gumbel_levels, dynamic_variables, option_grid, small_config
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
@@ -163,17 +162,15 @@ def test_other_hierarchies_decoding_matches_forward(hierarchy):
 
 
 DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
-DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p) for b in BOUNDARY_PREDICTORS
-                 for p in ("rope", "relative")] + [
-                     small_config(**DYNAMIC, boundaries=b, position=p, segment_pooling="linear")
-                     for b, p in zip(BOUNDARY_PREDICTORS, ("relative", "rope", "relative", "rope"))] + [
+# Every pair of predictor, position scheme and pooling (`option_grid`), then two single options.
+DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p, segment_pooling=pooling)
+                 for b, p, pooling in option_grid(BOUNDARY_PREDICTORS, ("rope", "relative"), ("mean", "linear"))] + [
                      small_config(**DYNAMIC, boundaries="gumbel", position="relative", gumbel_evaluation="sample"),
                      # runs of boundary bytes close one segment: TOKENS hold 10 such runs, merged across steps
                      small_config(**DYNAMIC, boundaries="whitespace", position="relative",
                                   boundary_run_bytes=WHITESPACE_BYTES.decode())]
-DYNAMIC_QUICK = {0, 3, 4, 7, 9, 12, 13}  # whitespace/rope, gumbel/relative, routing/rope, entropy/relative,
-                                         # gumbel/rope with linear pooling, gumbel sampled in evaluation, whitespace
-                                         # with run bytes; the rest: slow
+DYNAMIC_QUICK = {0, 2, 5, 7, len(DYNAMIC_CASES) - 2, len(DYNAMIC_CASES) - 1}  # each predictor, position and
+                                                                          # pooling once, the two single options
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from benchmarks import device_check
+from tests.helpers import optimized_programs  # noqa: F401  (autouse: the battery runs its programs)
 
 
 @pytest.mark.slow  # two compiles (a train step, a decoding loop): about 35 s of CPU time

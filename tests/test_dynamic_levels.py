@@ -13,8 +13,7 @@ from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
 from hourglass_jax.model.hourglass.dynamic_level import binomial_prior_loss, max_segments, ratio_loss
 from hourglass_jax.testing import causality_violations
 from hourglass_jax.train.loop import bar_label
-from tests.helpers import (BATCH, SMALL, centered_gumbel_levels, dynamic_variables,  # noqa: F401  (autouse)
-                           load_config, quick_compiles, small_config)
+from tests.helpers import BATCH, SMALL, centered_gumbel_levels, dynamic_variables, load_config, small_config
 
 NESTED = dict(hierarchy="1@1 1@2 1@4 1@2 1@1", shorten="dynamic", upsample="repeat")
 

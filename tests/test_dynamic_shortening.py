@@ -21,8 +21,8 @@ from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.metrics import boundary_rates_apart
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables,  # noqa: F401  (autouse)
-                           load_config, option_grid, quick_compiles, small_config, tiny_config)
+from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables, load_config, option_grid,
+                           small_config, tiny_config)
 
 DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat")
 
@@ -275,7 +275,7 @@ def test_training_warns_once_when_gumbel_evaluation_does_not_cut(tmp_path, monke
 
   monkeypatch.setattr(loop, "evaluate", unsure_predictor)
   cfg = tiny_config(steps=2, model=dict(kind="hourglass", **DYNAMIC, boundaries="gumbel"), mesh=dict(data=1),
-                    train=dict(eval_every=1))
+                    train=dict(eval_every=1, warmup_steps=0))
   messages = []
   summary = loop.train_and_evaluate(cfg, tmp_path, devices=jax.devices()[:1], log=messages.append)
   assert summary["eval"]["metrics"]["body/shorten/boundary_rate"] == 0.0

@@ -14,7 +14,7 @@ from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import KINDS, function_fields
 from hourglass_jax.model.config import function_changes
 from hourglass_jax.train.checkpoint_record import check_same_function
-from tests.helpers import SMALL, quick_compiles  # noqa: F401  (quick_compiles: an autouse fixture)
+from tests.helpers import SMALL
 
 BASES = {
     "hourglass": dict(hierarchy="1@1 1@2 1@1", shorten="avg", upsample="repeat"),

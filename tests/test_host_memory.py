@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hourglass_jax import host_memory
-from tests.helpers import run, train_command
+from tests.helpers import optimized_programs, run, train_command  # noqa: F401  (autouse: runs 32 executions)
 
 # A program whose 64 MiB temp buffer is above glibc's largest mmap threshold (32 MiB); minor faults per execution.
 FAULTS_PER_RUN = """

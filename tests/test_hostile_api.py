@@ -13,7 +13,7 @@ from hourglass_jax import compile_cache, paths
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
-from tests.helpers import quick_compiles, small_config  # noqa: F401
+from tests.helpers import small_config
 
 D = 32
 

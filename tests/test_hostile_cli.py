@@ -15,7 +15,7 @@ from hourglass_jax.cli.sample import SampleOptions, check_kind_options, prompt_b
 from hourglass_jax.model import build_model
 from hourglass_jax.model.decode import unbox_params
 from hourglass_jax.weights import save_params
-from tests.helpers import quick_compiles, small_config  # noqa: F401
+from tests.helpers import small_config
 
 
 def _boundaries(*args) -> str:

@@ -14,7 +14,7 @@ from etils import epath
 from hourglass_jax import weights
 from hourglass_jax.model import build_model
 from hourglass_jax.model.decode import unbox_params
-from tests.helpers import quick_compiles, small_config  # noqa: F401
+from tests.helpers import small_config
 
 AGAIN = "export it again with hourglass-export"
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from hourglass_jax.data.sources import split_tokens
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.helpers import HOURGLASS, quiet, tiny_config
+from tests.helpers import HOURGLASS, optimized_programs, quiet, tiny_config  # noqa: F401  (autouse: 100 steps)
 
 
 def _unigram_bits(data: np.ndarray) -> float:
