@@ -27,6 +27,7 @@ from benchmarks.common import (finish_record, interleave, load_config, loadavg, 
                                parse_overrides, parse_with_quick)
 from hourglass_jax.data.embedded import stdlib_bytes
 from hourglass_jax.model import ModelConfig, build_model, decode
+from hourglass_jax.model.config import without_dynamic_settings
 from hourglass_jax.testing import random_variables
 
 PREDICTORS = ("whitespace", "gumbel")  # see the module doc for routing
@@ -34,11 +35,12 @@ PREDICTORS = ("whitespace", "gumbel")  # see the module doc for routing
 
 def configs(args) -> dict:
   """{name: ModelConfig}: the fixed baseline, then each predictor."""
-  def config(predictor: str, **model):
+  def config(predictor: str, fixed: bool = False, **model):
     fields = dict(load_config("dynamic", predictor).model)
     fields.update(parse_overrides(args.model), **model)
-    return ModelConfig.from_dict(fields)
-  return {"fixed_avg_k4": config("gumbel", shorten="avg", upsample="repeat"),
+    return ModelConfig.from_dict(without_dynamic_settings(fields) | dict(shorten="avg", upsample="repeat")
+                                 if fixed else fields)
+  return {"fixed_avg_k4": config("gumbel", fixed=True),
           **{f"dynamic_{p}": config(p) for p in PREDICTORS}}
 
 

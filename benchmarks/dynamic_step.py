@@ -13,6 +13,7 @@ import argparse
 from benchmarks.common import (finish_record, interleave, load_config, loadavg, median, paired_ratios,
                                parse_overrides, parse_with_quick)
 from benchmarks.steps import StepRunner
+from hourglass_jax.model.config import without_dynamic_settings
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
 
 
@@ -24,7 +25,9 @@ def variants(args) -> dict:
     cfg.data.update(name="synthetic", seq_len=args.seq_len, batch_size=args.batch)
     return cfg
 
-  configs = {"fixed_avg_k4": config("gumbel", shorten="avg", upsample="repeat")}
+  fixed = config("gumbel")
+  fixed.model.update(without_dynamic_settings(dict(fixed.model)), shorten="avg", upsample="repeat")
+  configs = {"fixed_avg_k4": fixed}
   for predictor in BOUNDARY_PREDICTORS:
     for capacity in (float(c) for c in args.capacities.split(",")):
       configs[f"dynamic_{predictor}_capacity{capacity:g}"] = config(predictor, segment_capacity=capacity)

@@ -12,7 +12,6 @@ from benchmarks import common, dynamic_decode, dynamic_step, learning, peer_comp
 from benchmarks.peer_compare import Worker
 from hourglass_jax import host_memory
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
-from tests.helpers import optimized_programs  # noqa: F401  (autouse: benchmark loops run)
 
 TINY = "d_model=32,num_heads=4,d_ff=64,dropout=0.0"
 

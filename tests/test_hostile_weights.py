@@ -108,8 +108,8 @@ def test_a_broken_card_names_itself_and_the_fix(exported, tmp_path, card, messag
 def test_another_models_export_is_not_replaced_without_overwrite(exported, tmp_path):
   folder = _copy(exported, tmp_path)
   _, cfg, params, card, other = exported
-  before = (folder / "model.safetensors").read_bytes()
   weights.save_params(params, cfg, folder, step=3, seq_len=8)  # the same export again is fine
+  before = (folder / "model.safetensors").read_bytes()
   with pytest.raises(ValueError, match=r"already holds model.safetensors and config.json of another export.*"
                                        "--overwrite"):
     weights.save_params(other, cfg, folder)

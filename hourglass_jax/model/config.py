@@ -148,6 +148,12 @@ DYNAMIC_ONLY_FIELDS = ("boundaries", "boundary_bytes", "boundary_run_bytes", "se
                        "gumbel_temperature", "gumbel_evaluation", "boundary_loss_weight")
 
 
+def without_dynamic_settings(fields: dict) -> dict:
+  """`fields` (a model section) with every dynamic-only setting at its default: a learned level's fixed twin."""
+  defaults = ModelConfig.__dataclass_fields__
+  return {**fields, **{name: defaults[name].default for name in DYNAMIC_ONLY_FIELDS}}
+
+
 def _check_no_dynamic_settings(cfg: ModelConfig) -> None:
   defaults = ModelConfig.__dataclass_fields__
   changed = [f"model.{name}={getattr(cfg, name)!r}" for name in DYNAMIC_ONLY_FIELDS
