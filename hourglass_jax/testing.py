@@ -1,5 +1,7 @@
 """Helpers for checking models, shared by this project's tests and usable in yours."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,10 +11,16 @@ import numpy as np
 SOWN_COLLECTIONS = ("losses", "metrics", "intermediates")
 
 
+@functools.lru_cache(maxsize=64)
+def variable_shapes(module, shape: tuple, dtype) -> dict:
+  """The shapes of `module`'s variables for inputs of `shape` and `dtype` (traced once per module and input)."""
+  shapes = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct(shape, dtype))
+  return {name: tree for name, tree in shapes.items() if name not in SOWN_COLLECTIONS}
+
+
 def random_variables(module, tokens_BxL, seed: int = 0, scale: float = 0.3):
   """Variables of `module` filled with N(0, scale^2) draws, without compiling its init (fast for small tests)."""
-  shapes = jax.eval_shape(module.init, jax.random.key(0), tokens_BxL)
-  shapes = {name: tree for name, tree in shapes.items() if name not in SOWN_COLLECTIONS}
+  shapes = variable_shapes(module, tuple(tokens_BxL.shape), jnp.dtype(tokens_BxL.dtype))
   rng = np.random.default_rng(seed)
 
   def draw(leaf):

@@ -94,6 +94,14 @@ def describe(cfg: ModelConfig) -> str:
   return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
 
 
+@functools.lru_cache(maxsize=4)  # a compiled program holds hundreds of memory maps: keep few alive
+def jitted_apply(model):
+  """`model.apply` compiled, with `mutable`, `capture_intermediates` and `deterministic` static (pass `mutable` as a
+  tuple). A model of the suite compiles in about 2 s and then runs in milliseconds, where each eager `model.apply`
+  (op by op, its scans traced and compiled anew) takes seconds."""
+  return jax.jit(model.apply, static_argnames=("mutable", "capture_intermediates", "deterministic"))
+
+
 def dynamic_variables(model, tokens_BxL, seed: int = 0):
   """random_variables with an 'entropy' predictor's threshold theta itself drawn like the other parameters (the
   parameter is theta / log2(vocab); a draw of the parameter would put theta beyond a random head's entropy
@@ -114,7 +122,7 @@ def centered_gumbel_levels(model, variables, tokens_BxL):
   body, level, filled_B = variables["params"]["body"], [], None
   while "inner" in body and "shorten" in body["inner"]:
     level, body = level + ["inner"], body["inner"]
-    _, sown = model.apply(variables, tokens_BxL, capture_intermediates=True, mutable=["intermediates"])
+    _, sown = jitted_apply(model)(variables, tokens_BxL, capture_intermediates=True, mutable=("intermediates",))
     above = functools.reduce(lambda tree, key: tree[key], ["body"] + level[:-1], sown["intermediates"])
     cuts_BxL = above["shorten"]["boundaries"][0]
     filled_B = segments_holding(segment_ids(cuts_BxL, cuts_BxL.shape[1] + 1), filled_B)
@@ -130,7 +138,8 @@ def centered_gumbel_levels(model, variables, tokens_BxL):
 def assert_causal(cfg: ModelConfig, length: int) -> None:
   model = build_model(cfg)
   variables = random_variables(model, jnp.zeros((1, length), jnp.int32))
-  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+  apply = jitted_apply(model)
+  problems = causality_violations(lambda tokens: apply(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
   assert not problems, f"{describe(cfg)}: {problems[:3]}"
 

@@ -17,7 +17,7 @@ from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, WHITESPACE_BYTES
-from tests.helpers import SMALL, centered_gumbel_levels, dynamic_variables, option_grid, small_config
+from tests.helpers import SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, option_grid, small_config
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
@@ -61,7 +61,7 @@ def model_and_params(cfg):
 def level_rates(model, variables) -> list[float]:
   """Each dynamic level's boundary rate on TOKENS in evaluation, outermost first (over the segment slots that hold
   positions, at a nested level)."""
-  metrics, rates = model.apply(variables, TOKENS, mutable=["metrics"])[1]["metrics"]["body"], []
+  metrics, rates = jitted_apply(model)(variables, TOKENS, mutable=("metrics",))[1]["metrics"]["body"], []
   while "shorten" in metrics:
     rates.append(float(metrics["shorten"]["boundary_rate"][0]))
     metrics = metrics.get("inner", {})
@@ -70,7 +70,7 @@ def level_rates(model, variables) -> list[float]:
 
 def eval_boundaries(model, variables):
   """bool [BATCH, LENGTH]: the dynamic level's boundary decisions on TOKENS in evaluation."""
-  _, sown = model.apply(variables, TOKENS, mutable=["intermediates"])
+  _, sown = jitted_apply(model)(variables, TOKENS, mutable=("intermediates",))
   return np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])
 
 
@@ -206,7 +206,7 @@ def text_rows_params(cfg):
   model = build_model(cfg)
   for seed in range(40):
     params = decode.unbox_params(dynamic_variables(model, jnp.zeros((1, 12), jnp.int32), seed=seed))
-    _, sown = model.apply({"params": params}, TEXT_ROWS, mutable=["intermediates"])
+    _, sown = jitted_apply(model)({"params": params}, TEXT_ROWS, mutable=("intermediates",))
     cuts = np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])
     if (0 < cuts.sum(axis=1)).all() and (cuts.sum(axis=1) < 11).all() and len({r.tobytes() for r in cuts}) == 3:
       return model, params

@@ -13,14 +13,15 @@ from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
 from hourglass_jax.model.hourglass.dynamic_level import binomial_prior_loss, max_segments, ratio_loss
 from hourglass_jax.testing import causality_violations
 from hourglass_jax.train.loop import bar_label
-from tests.helpers import BATCH, SMALL, centered_gumbel_levels, dynamic_variables, load_config, small_config
+from tests.helpers import (BATCH, SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, load_config,
+                           small_config)
 
 NESTED = dict(hierarchy="1@1 1@2 1@4 1@2 1@1", shorten="dynamic", upsample="repeat")
 
 
 def level_metrics(model, variables, tokens, **kwargs) -> list[dict]:
   """What each dynamic level sowed into 'metrics', outermost first."""
-  metrics = model.apply(variables, tokens, mutable=["metrics"], **kwargs)[1]["metrics"]["body"]
+  metrics = jitted_apply(model)(variables, tokens, mutable=("metrics",), **kwargs)[1]["metrics"]["body"]
   levels = []
   while "shorten" in metrics:
     levels.append({name: float(value[0]) for name, value in metrics["shorten"].items()})
@@ -51,7 +52,7 @@ def test_nested_dynamic_levels_are_causal(boundaries, length, position):
   cfg = small_config(**NESTED, boundaries=boundaries, position=position)
   model = build_model(cfg)
   variables = mixed_variables(model, cfg, length)
-  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+  problems = causality_violations(lambda tokens: jitted_apply(model)(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
   assert not problems, problems[:3]
 
@@ -64,7 +65,7 @@ def test_nested_gumbel_levels_are_causal_with_training_noise():
   variables = mixed_variables(model, cfg, 12, deterministic=False, rngs={"dropout": key})
 
   def apply_one(tokens_L):
-    return model.apply(variables, tokens_L[None], deterministic=False, rngs={"dropout": key})[0]
+    return jitted_apply(model)(variables, tokens_L[None], deterministic=False, rngs={"dropout": key})[0]
 
   problems = causality_violations(jax.vmap(apply_one), 12, SMALL["vocab_size"], batch_size=BATCH)
   assert not problems, problems[:3]
@@ -79,7 +80,7 @@ def test_each_level_reports_its_rates_and_its_loss_over_the_slots_that_hold_posi
                                      [:48], np.uint8)[None].astype(np.int32))
   variables = centered_gumbel_levels(model, dynamic_variables(model, tokens), tokens)
   outer, inner = level_metrics(model, variables, tokens)
-  (_, sown) = model.apply(variables, tokens, mutable=["intermediates", "losses"])
+  (_, sown) = jitted_apply(model)(variables, tokens, mutable=("intermediates", "losses"))
   cuts = sown["intermediates"]["body"]
   outer_cuts = np.asarray(cuts["shorten"]["boundaries"][0])[0]
   inner_cuts = np.asarray(cuts["inner"]["shorten"]["boundaries"][0])[0]

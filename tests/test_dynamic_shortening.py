@@ -21,15 +21,15 @@ from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.metrics import boundary_rates_apart
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables, load_config, option_grid,
-                           small_config, tiny_config)
+from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables, jitted_apply, load_config,
+                           option_grid, small_config, tiny_config)
 
 DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat")
 
 
 def sown(model, variables, tokens, **kwargs):
   """What the model sowed ({'losses': ..., 'metrics': ...}) for `tokens`."""
-  return model.apply(variables, tokens, mutable=["losses", "metrics"], **kwargs)[1]
+  return jitted_apply(model)(variables, tokens, mutable=("losses", "metrics"), **kwargs)[1]
 
 
 def mixed_variables(model, length: int, **kwargs):
@@ -54,7 +54,7 @@ QUICK = set(CASES[::2]) | {CASES[3]}  # each predictor, length, position and poo
 def test_dynamic_shortening_is_causal(boundaries, length, position, pooling):
   model = build_model(small_config(**DYNAMIC, boundaries=boundaries, position=position, segment_pooling=pooling))
   variables = mixed_variables(model, length)
-  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+  problems = causality_violations(lambda tokens: jitted_apply(model)(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
   assert not problems, problems[:3]
 
@@ -79,7 +79,7 @@ def test_gumbel_boundaries_are_causal_with_training_noise(length):
   variables = mixed_variables(model, length, deterministic=False, rngs={"dropout": key})
 
   def apply_one(tokens_L):
-    return model.apply(variables, tokens_L[None], deterministic=False, rngs={"dropout": key})[0]
+    return jitted_apply(model)(variables, tokens_L[None], deterministic=False, rngs={"dropout": key})[0]
 
   problems = causality_violations(jax.vmap(apply_one), length, SMALL["vocab_size"], batch_size=BATCH)
   assert not problems, problems[:3]
@@ -95,14 +95,14 @@ def test_gumbel_sample_evaluation_cuts_at_the_training_rate_the_same_way_every_t
   tokens = jnp.asarray(np.random.default_rng(4).integers(0, SMALL["vocab_size"], (4, 256)), jnp.int32)
   models = {e: build_model(small_config(**DYNAMIC, boundaries="gumbel", gumbel_evaluation=e))
             for e in ("threshold", "sample")}
-  variables = {"params": nn.meta.unbox(models["sample"].init(jax.random.key(0), tokens[:, :12]))["params"]}
+  variables = {"params": nn.meta.unbox(jax.jit(models["sample"].init)(jax.random.key(0), tokens[:, :12]))["params"]}
   logit = variables["params"]["body"]["shorten"]["predictor"]["logit"]
   logit["kernel"], logit["bias"] = jnp.zeros_like(logit["kernel"]), jnp.full_like(logit["bias"], np.log(1 / 3))
   assert _rate(models["threshold"], variables, tokens) == 0.0
   sampled = _rate(models["sample"], variables, tokens)
   trained = _rate(models["sample"], variables, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)})
   assert abs(sampled - 0.25) <= 3 / 256 and abs(trained - 0.25) < 0.05, (sampled, trained)
-  cuts = [models["sample"].apply(variables, tokens, mutable=["intermediates"])[1]["intermediates"]["body"]["shorten"]
+  cuts = [jitted_apply(models["sample"])(variables, tokens, mutable=("intermediates",))[1]["intermediates"]["body"]["shorten"]
           ["boundaries"][0] for _ in range(2)]
   np.testing.assert_array_equal(cuts[0], cuts[1])
   assert (cuts[0] == cuts[0][:1]).all()  # noise by position: every row cuts alike when the logits are alike
@@ -122,7 +122,7 @@ def test_gumbel_evaluation_noise_spreads_every_window_as_training_draws_do_on_av
 def test_gumbel_sample_evaluation_is_causal(length):
   model = build_model(small_config(**DYNAMIC, boundaries="gumbel", gumbel_evaluation="sample"))
   variables = mixed_variables(model, length)
-  problems = causality_violations(lambda tokens: model.apply(variables, tokens), length, SMALL["vocab_size"],
+  problems = causality_violations(lambda tokens: jitted_apply(model)(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
   assert not problems, problems[:3]
 
@@ -139,7 +139,7 @@ def test_the_predictor_learns_from_the_language_model_loss(boundaries, module, l
   params = nn.meta.unbox(mixed_variables(model, 12))["params"]
 
   def lm_loss(params):
-    logits = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(0)})
+    logits = jitted_apply(model)({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(0)})
     return -jax.nn.log_softmax(logits)[..., 0].mean()
 
   grads = jax.jit(jax.grad(lm_loss))(params)["body"]["shorten"][module]
@@ -158,18 +158,19 @@ def test_linear_pooling_starts_as_the_mean_and_learns_a_matrix_per_segment_posit
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, SMALL["vocab_size"], (2, 12)), jnp.int32)
   tokens = tokens.at[:, ::2].set(ord(" "))  # segments of 2 positions: indexes 0 and 1 of the 3 matrices
   tokens = tokens.at[0, 1:8].set(ord("#"))  # and one of 8 positions: index 2 for its positions 2 to 7
-  init = nn.meta.unbox(linear.init(jax.random.key(0), tokens))["params"]["body"]["shorten"]["pool"]
+  init = nn.meta.unbox(jax.jit(linear.init)(jax.random.key(0), tokens))["params"]["body"]["shorten"]["pool"]
   identity = np.broadcast_to(np.eye(SMALL["d_model"], dtype=np.float32), (3, SMALL["d_model"], SMALL["d_model"]))
   np.testing.assert_array_equal(init["kernel"], identity)
   np.testing.assert_array_equal(init["bias"], 0.0)
   params = nn.meta.unbox(random_variables(linear, tokens))["params"]  # random, but for the matrices as initialised
   params["body"]["shorten"]["pool"] = init
   without_pool = {**params, "body": {**params["body"], "shorten": {}}}
-  np.testing.assert_allclose(linear.apply({"params": params}, tokens), mean.apply({"params": without_pool}, tokens),
+  np.testing.assert_allclose(jitted_apply(linear)({"params": params}, tokens),
+                             jitted_apply(mean)({"params": without_pool}, tokens),
                              atol=1e-5)
 
   def lm_loss(params):
-    return -jax.nn.log_softmax(linear.apply({"params": params}, tokens))[..., 0].mean()
+    return -jax.nn.log_softmax(jitted_apply(linear)({"params": params}, tokens))[..., 0].mean()
 
   kernel_grad = jax.grad(lm_loss)(params)["body"]["shorten"]["pool"]["kernel"]
   assert all(float(jnp.abs(kernel_grad[s]).max()) > 1e-6 for s in range(3))

@@ -4,6 +4,7 @@ function fields (checkpoints compare them, since the shape check cannot see them
 for a kind must not be (it would refuse a harmless resume)."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -60,22 +61,26 @@ def listed(kind):
   return function_fields("hourglass") + function_fields(kind) if kind == "dynamic" else function_fields(kind)
 
 
+@functools.cache
 def shapes(cfg):
   return jax.tree.map(lambda a: a.shape, jax.eval_shape(build_model(cfg).init, jax.random.key(0), TOKENS))
 
 
 def logits_of(cfg, variables):
-  return jax.jit(build_model(cfg).apply)(variables, TOKENS)
+  """Op by op: every config here has the same shapes, so after the first one each op's compiled kernel is reused,
+  where compiling each config's program would cost a second or more."""
+  with jax.disable_jit():
+    return build_model(cfg).apply(variables, TOKENS)
 
 
-SLOW = ("hourglass", "bottomup", "dynamic")  # 27-40 s each on 2 cores
+SLOW = ("hourglass", "bottomup", "dynamic")  # the slowest three
 
 
 @pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind in SLOW else kind
                                   for kind in (*KINDS, "dynamic")])
 def test_function_fields_are_exactly_the_fields_that_change_the_function_but_no_shape(kind):
   base = config(kind)
-  variables = build_model(base).init(jax.random.key(0), TOKENS)
+  variables = jax.jit(build_model(base).init)(jax.random.key(0), TOKENS)
   logits = logits_of(base, variables)
   difference = lambda **changes: float(jnp.max(jnp.abs(logits_of(config(kind, **changes), variables) - logits)))
   others = {f.name: OTHER_HIERARCHY[kind] if f.name == "hierarchy" else OTHER[f.name]

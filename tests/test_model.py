@@ -67,7 +67,7 @@ def test_attention_dropout_defaults_to_dropout_and_can_be_set_apart():
   np.testing.assert_array_equal(train(dropout=0.3), train(dropout=0.3, attention_dropout=0.3))
   assert not np.allclose(train(dropout=0.3), train(dropout=0.3, attention_dropout=0.0))
   # Attention-probability dropout alone: residual and FFN paths untouched, the output still changes.
-  evaluate = build_model(small_config()).apply(variables, tokens)
+  evaluate = jax.jit(build_model(small_config()).apply)(variables, tokens)
   np.testing.assert_allclose(train(dropout=0.0, attention_dropout=0.0), evaluate, atol=1e-6)
   assert not np.allclose(train(dropout=0.0, attention_dropout=0.5), evaluate, atol=1e-3)
   with pytest.raises(ValueError, match=r"model.attention_dropout=1.5 must be in \[0, 1\)"):

@@ -65,7 +65,7 @@ def test_every_body_maps_any_width_and_length_causally(name):
   body = BODIES[name]
   x_BxLxD = stream(11)
   variables = perturbed_variables(body, x_BxLxD)
-  assert body.apply(variables, x_BxLxD).shape == x_BxLxD.shape
+  assert jax.eval_shape(body.apply, variables, x_BxLxD).shape == x_BxLxD.shape
   influence_LxL = influence(lambda x: body.apply(variables, x), x_BxLxD)
   assert np.all(np.triu(influence_LxL, k=1) == 0.0), "an output depends on a later input"
   assert np.all(np.diag(influence_LxL) > 0.0)
@@ -173,14 +173,14 @@ def test_build_model_is_the_public_body_between_an_embedding_and_a_head():
   cfg = small_config(hierarchy="1@1 2@3 1@1", position="relative")
   tokens_BxL = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9)), jnp.int32)
   lm = build_model(cfg)
-  params = lm.init(jax.random.key(0), tokens_BxL)["params"]
+  params = jax.jit(lm.init)(jax.random.key(0), tokens_BxL)["params"]
   body = hnn.Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample, num_heads=cfg.num_heads,
                        d_ff=cfg.d_ff, position="relative")
   x_BxLxD = nn.meta.unbox(params)["embed"]["embedding"][tokens_BxL]
-  y_BxLxD = body.apply({"params": params["body"]}, x_BxLxD)
+  y_BxLxD = jax.jit(body.apply)({"params": params["body"]}, x_BxLxD)
   head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")
   want_BxLxV = head.apply({"params": params["head"]}, y_BxLxD)
-  np.testing.assert_allclose(lm.apply({"params": params}, tokens_BxL), want_BxLxV, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(jax.jit(lm.apply)({"params": params}, tokens_BxL), want_BxLxV, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -252,9 +252,9 @@ def test_a_body_decodes_with_its_own_cache():
   full pass at every position; a cache length that is no multiple of the shortening is refused."""
   body = hnn.Hourglass(hierarchy="1@1 1@3 1@1", shorten="attention_linear", upsample="attention_repeat", num_heads=2)
   x_BxLxD = jax.random.normal(jax.random.key(1), (2, 9, 16))
-  variables = body.init(jax.random.key(0), x_BxLxD)
-  full_BxLxD = body.apply(variables, x_BxLxD)
-  y_BxPxD, cache = body.apply(variables, x_BxLxD[:, :4], cache=body.new_cache(2, 9, 16))
+  variables = jax.jit(body.init)(jax.random.key(0), x_BxLxD)
+  full_BxLxD = jax.jit(body.apply)(variables, x_BxLxD)
+  y_BxPxD, cache = jax.jit(body.apply)(variables, x_BxLxD[:, :4], cache=body.new_cache(2, 9, 16))
   step = jax.jit(lambda cache, x_Bx1xD, t: body.apply(variables, x_Bx1xD, cache=cache, position=t))
   rows = [y_BxPxD]
   for t in range(4, 9):

@@ -40,7 +40,7 @@ class ThreeBlocks(nn.Module):
 
 def loss_and_memory(kind, remat_policy, x_BxLxD):
   model = ThreeBlocks(kind, remat_policy)
-  params = model.init(jax.random.key(0), x_BxLxD)
+  params = jax.jit(model.init)(jax.random.key(0), x_BxLxD)
   loss = lambda params: jnp.mean(model.apply(params, x_BxLxD) ** 2)
   step = jax.jit(jax.value_and_grad(loss))
   memory = step.lower(params).compile().memory_analysis().temp_size_in_bytes

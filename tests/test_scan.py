@@ -32,7 +32,7 @@ def loss_and_grads(cfg, params):
 @pytest.mark.parametrize("kind", [pytest.param("hourglass", marks=pytest.mark.slow), "retina"])  # 45 s, 16 s
 def test_unrolling_and_remat_keep_the_function_and_the_dropout_keys(kind):
   cfg = dataclasses.replace(CASES[kind], dropout=0.2)
-  params = build_model(cfg).init(jax.random.key(0), TOKENS)["params"]
+  params = jax.jit(build_model(cfg).init)(jax.random.key(0), TOKENS)["params"]
   loss, grads = loss_and_grads(cfg, params)
   for variant in (dict(scan_unroll=0), dict(remat_policy="nothing_saveable", scan_unroll=2),
                   dict(remat_policy="dots_saveable")):
