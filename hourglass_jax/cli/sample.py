@@ -17,9 +17,9 @@ import numpy as np
 from hourglass_jax import compile_cache, generation, paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.optimizer import make_optimizer
+from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.state import make_init_fn, state_layout
+
 
 @dataclasses.dataclass(frozen=True)
 class SampleOptions:
@@ -42,23 +42,12 @@ class SampleOptions:
 
 
 def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
-  """(params on `mesh`, their shardings, step) of the newest checkpoint in workdir/checkpoints, read-only."""
-  directory = paths.as_path(workdir) / "checkpoints"
-  if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
-    raise FileNotFoundError(f"no checkpoint under {directory}; train first with hourglass-train "
-                            f"--config=... --workdir={workdir}, or point --workdir at a trained run.")
-  model = build_model(cfg.model)
-  optimizer, _ = make_optimizer(cfg.train)
-  init_fn = make_init_fn(model, optimizer, cfg.data.seq_len, cfg.train.seed)
+  """(params on `mesh`, their shardings, step) of the newest checkpoint in workdir/checkpoints, read-only: the
+  params alone (no optimizer is built, no optimizer state read)."""
+  init_fn = make_init_fn(build_model(cfg.model), None, cfg.data.seq_len, cfg.train.seed)
   abstract, shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
-  with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-    restored = checkpoints.restore_latest(abstract, config_record(cfg), cfg.checkpoint.allow_settings_change,
-                                          cfg.checkpoint.get("allow_unverified", False))
-    if restored is None:
-      raise FileNotFoundError(f"no readable checkpoint under {directory}; train first with hourglass-train "
-                              f"--workdir={workdir}.")
-    state, _, step = restored
-  return state.params, shardings.params, step
+  params, step, _ = read_params(workdir, abstract, cfg, log=log)
+  return params, shardings, step
 
 
 def check_options(options: SampleOptions, vocab_size: int) -> None:

@@ -7,17 +7,16 @@ import weakref
 import jax
 import ml_collections
 
-from hourglass_jax import paths, sharding
+from hourglass_jax import sharding
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.step import token_losses_and_sown
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.trainer import Evaluator
 
-_STEPS = weakref.WeakKeyDictionary()  # trainer -> its jitted per-position weighted eval step
+_STEPS = weakref.WeakKeyDictionary()  # evaluator (or trainer) -> its jitted per-position weighted eval step
 
 
-def weighted_eval_step(trainer: Trainer):
+def weighted_eval_step(trainer: Evaluator):
   """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens, rows}, sown metrics)`: only predictions with
   weight 1 count, so overlapping eval windows (sliding, long_context) score each byte once; `rows` counts the
   windows that score any. The sown metrics (a dynamic level's boundary_rate...) are the batch's, as in training."""
@@ -28,12 +27,12 @@ def weighted_eval_step(trainer: Trainer):
                   rows=(weights_BxL.sum(axis=1) > 0).sum()), sown
 
     _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
-        trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding),
+        trainer.param_shardings, trainer.batch_sharding, trainer.batch_sharding),
         compiler_options=trainer.compiler_options)
   return _STEPS[trainer]
 
 
-def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict:
+def evaluate(trainer: Evaluator, params, split: str, max_batches: int = 0) -> dict:
   """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and what the model
   sows into 'metrics' (`metrics`, by module path; empty for most models), averaged over batches weighted by their
   real windows: a padded last batch counts as its few windows, and its padding (copies of the last window,
@@ -71,22 +70,12 @@ def describe(result: dict, split: str) -> str:
 
 def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str | None = None,
                         log=print) -> dict:
-  """Restores the newest checkpoint in `workdir` onto this host's devices and evaluates it on `split`."""
-  mesh = sharding.make_mesh(cfg.mesh)
-  trainer = Trainer(cfg, mesh)
+  """Restores the params alone of the newest checkpoint in `workdir` onto this host's devices and evaluates them
+  on `split` (default data.eval_split): no optimizer, no train step, no train split."""
+  evaluator = Evaluator(cfg, sharding.make_mesh(cfg.mesh))
   split = split or cfg.data.eval_split
-  directory = paths.as_path(workdir) / "checkpoints"
-  if not directory.is_dir():
-    raise TrainError(f"no checkpoints under {directory}; train first with hourglass-train --workdir={workdir}.")
-  with jax.set_mesh(mesh):
-    with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-      restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
-                                            cfg.checkpoint.allow_settings_change,
-                                            cfg.checkpoint.get("allow_unverified", False))
-    if restored is None:
-      raise TrainError(f"no checkpoint under {workdir}/checkpoints; train first with hourglass-train "
-                       f"--workdir={workdir}.")
-    state, _, step = restored
-    result = evaluate(trainer, state.params, split, cfg.data.eval_batches)
+  with jax.set_mesh(evaluator.mesh):
+    params, step, _ = read_params(workdir, evaluator.abstract, cfg, log=log)
+    result = evaluate(evaluator, params, split, cfg.data.eval_batches)
   log(f"step {step}: {describe(result, split)}")
   return dict(result, step=step)
