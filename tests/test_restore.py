@@ -2,7 +2,6 @@
 checks training's resume makes, and build no optimizer, no train step and no train split to do it."""
 
 import json
-import shutil
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -14,7 +13,7 @@ from hourglass_jax.train import trainer as trainer_lib
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.export import export_params
-from tests.helpers import quiet, trained_run
+from tests.helpers import copy_checkpoints, quiet, trained_run
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +21,6 @@ def trained(tmp_path_factory):
   """A run with checkpoints at steps 2 and 4 (the integrity tests' run: cached compiles)."""
   workdir = tmp_path_factory.mktemp("trained")
   return workdir, *trained_run(workdir)
-
-
-def _copy(trained, tmp_path):
-  workdir = tmp_path / "run"
-  shutil.copytree(trained[0] / "checkpoints", workdir / "checkpoints")
-  return workdir
 
 
 @pytest.fixture
@@ -76,7 +69,7 @@ def test_params_are_verified_like_the_whole_state(trained, tmp_path):
   """Step 4's record says its head bias was saved otherwise: evaluation skips to step 2 saying why, export (which
   reads the step it is given) refuses, naming the array."""
   workdir, cfg, *_ = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   data_file = copy / "checkpoints" / "4" / "data" / "metadata"
   data = json.loads(data_file.read_text())
   data["record"]["fingerprints"]["params/head/bias"] = "00000000"

@@ -227,9 +227,10 @@ class Checkpoints:
       self.log(f"checkpoint step {step} under {self.directory} records no fingerprints (saved by an older "
                "hourglass_jax); restored without verifying it.")
       return None
-    now = integrity.array_fingerprints(state)
-    saved = {k: v for k, v in record["fingerprints"].items() if isinstance(state, TrainState) or k.startswith("params/")}
-    altered = integrity.mismatches(saved, now)
+    saved = record["fingerprints"]
+    if not isinstance(state, TrainState):  # the params alone
+      saved = {k: v for k, v in saved.items() if k.startswith("params/")}
+    altered = integrity.mismatches(saved, integrity.array_fingerprints(state))
     if record.get("data_fingerprint") != integrity.json_fingerprint(data_state):
       altered.append("the data-iterator position")
     if altered:
