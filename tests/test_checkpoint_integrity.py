@@ -91,7 +91,7 @@ def test_changed_array_values_fail_the_fingerprint_check(trained, tmp_path):
 def _composite(state, data_state):
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
-  return ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+  return ocp.args.Composite(state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data_state))
 
 
 @pytest.mark.parametrize("position, problem", [({}, "holds no data-iterator position"),

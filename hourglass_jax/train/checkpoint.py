@@ -285,7 +285,6 @@ class Checkpoints:
     self.manager.reload()
 
 
-
 class NoCheckpointError(TrainError, FileNotFoundError):
   """A workdir holds no (readable) checkpoint, or not the step asked for."""
 

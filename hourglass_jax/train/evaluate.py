@@ -16,32 +16,32 @@ from hourglass_jax.train.trainer import Evaluator
 _STEPS = weakref.WeakKeyDictionary()  # evaluator (or trainer) -> its jitted per-position weighted eval step
 
 
-def weighted_eval_step(trainer: Evaluator):
+def weighted_eval_step(evaluator: Evaluator):
   """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens, rows}, sown metrics)`: only predictions with
   weight 1 count, so overlapping eval windows (sliding, long_context) score each byte once; `rows` counts the
   windows that score any. The sown metrics (a dynamic level's boundary_rate...) are the batch's, as in training."""
-  if trainer not in _STEPS:
+  if evaluator not in _STEPS:
     def eval_step(params, tokens_BxL1, weights_BxL):
-      losses_BxL, _, sown = token_losses_and_sown(trainer.model, params, tokens_BxL1, trainer.rules)
+      losses_BxL, _, sown = token_losses_and_sown(evaluator.model, params, tokens_BxL1, evaluator.rules)
       return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum(),
                   rows=(weights_BxL.sum(axis=1) > 0).sum()), sown
 
-    _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
-        trainer.param_shardings, trainer.batch_sharding, trainer.batch_sharding),
-        compiler_options=trainer.compiler_options)
-  return _STEPS[trainer]
+    _STEPS[evaluator] = jax.jit(eval_step, out_shardings=sharding.replicated(evaluator.mesh), in_shardings=(
+        evaluator.param_shardings, evaluator.batch_sharding, evaluator.batch_sharding),
+        compiler_options=evaluator.compiler_options)
+  return _STEPS[evaluator]
 
 
-def evaluate(trainer: Evaluator, params, split: str, max_batches: int = 0) -> dict:
+def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0) -> dict:
   """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and what the model
   sows into 'metrics' (`metrics`, by module path; empty for most models), averaged over batches weighted by their
   real windows: a padded last batch counts as its few windows, and its padding (copies of the last window,
   eval_iterator) adds no rate of its own."""
-  source = trainer.eval_source(split)
-  batches = pipeline.num_eval_batches(source, trainer.batch_size, max_batches)
-  step, outs, sown = weighted_eval_step(trainer), [], []
-  for tokens, weights in pipeline.eval_iterator(source, trainer.batch_size, trainer.rows, max_batches):
-    out, metrics = step(params, trainer.global_array(tokens), trainer.global_array(weights))
+  source = evaluator.eval_source(split)
+  batches = pipeline.num_eval_batches(source, evaluator.batch_size, max_batches)
+  step, outs, sown = weighted_eval_step(evaluator), [], []
+  for tokens, weights in pipeline.eval_iterator(source, evaluator.batch_size, evaluator.rows, max_batches):
+    out, metrics = step(params, evaluator.global_array(tokens), evaluator.global_array(weights))
     outs.append(out)
     sown.append(metrics)
   # Summed on the host in float64: float32 counts stop being exact past 2^24 tokens (a 90M-byte split).
@@ -51,11 +51,11 @@ def evaluate(trainer: Evaluator, params, split: str, max_batches: int = 0) -> di
   metrics = {name: sum(float(m[name]) * float(out["rows"]) for m, out in zip(sown, outs)) / max(total["rows"], 1.0)
              for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
-  data = trainer.cfg.data
+  data = evaluator.cfg.data
   kind = sources.dataset_kind(data.name)
   protocol = "images" if kind == "image" else data.get("eval_protocol", "windows")
   return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches,
-              windows=min(len(source), batches * trainer.batch_size), whole_split=batches * trainer.batch_size
+              windows=min(len(source), batches * evaluator.batch_size), whole_split=batches * evaluator.batch_size
               >= len(source), unit="dim" if kind == "image" else "byte", protocol=protocol, metrics=metrics)
 
 
