@@ -41,15 +41,6 @@ class SampleOptions:
   output: str | None = None
 
 
-def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
-  """(params on `mesh`, their shardings, step) of the newest checkpoint in workdir/checkpoints, read-only: the
-  params alone (no optimizer is built, no optimizer state read)."""
-  init_fn = make_init_fn(build_model(cfg.model), None, cfg.data.seq_len, cfg.train.seed)
-  abstract, shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
-  params, step, _ = read_params(workdir, abstract, cfg, log=log)
-  return params, shardings, step
-
-
 def check_options(options: SampleOptions, vocab_size: int) -> None:
   """Value ranges of the sampling options, checked before anything is restored or compiled."""
   problems = (
@@ -159,8 +150,10 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   new, _ = _lengths(cfg, options, prompts.shape[1], image_size)
 
   mesh = sharding.make_mesh(cfg.mesh)
-  with jax.set_mesh(mesh):
-    params, param_shardings, step = restore_params(cfg, workdir, mesh, log)
+  with jax.set_mesh(mesh):  # the params alone, onto the model's shardings: no optimizer is built
+    init_fn = make_init_fn(build_model(cfg.model), None, cfg.data.seq_len, cfg.train.seed)
+    abstract, param_shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
+    params, step, _ = read_params(workdir, abstract, cfg, log=log)
   generated = generation.generate_on_mesh(
       params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
       seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
