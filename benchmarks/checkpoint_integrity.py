@@ -63,7 +63,7 @@ def main(argv=None):
           checkpoints.save(next(steps), state, data, record, force=True)
         else:  # the same save, without the fingerprint pass
           checkpoints.manager.save(next(steps), force=True, custom_metadata=record, args=ocp.args.Composite(
-              state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)))
+              state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data)))
     return call
 
   def restore(verify: bool):
@@ -75,7 +75,8 @@ def main(argv=None):
           step = checkpoints.all_steps()[-1]
           checkpoints.check_compatible(step, trainer.abstract, record)
           restored = checkpoints.manager.restore(step, args=ocp.args.Composite(
-              state=ocp.args.StandardRestore(trainer.abstract), data=ocp.args.JsonRestore())).state
+              state=ocp.args.PyTreeRestore(trainer.abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(
+                  trainer.abstract)), data=ocp.args.JsonRestore())).state
         jax.block_until_ready(restored)
     return call
 

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -243,6 +244,13 @@ def trained_run(workdir, steps: int = 4, every_steps: int = 2):
     state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
   assert step == steps
   return cfg, trainer, jax.device_get(state), data_state
+
+
+def copy_checkpoints(workdir, tmp_path) -> pathlib.Path:
+  """tmp_path/run holding a copy of `workdir`'s checkpoints, to damage or edit without touching the shared run."""
+  copy = pathlib.Path(tmp_path) / "run"
+  shutil.copytree(pathlib.Path(workdir) / "checkpoints", copy / "checkpoints")
+  return copy
 
 
 def mix32_numpy(x):

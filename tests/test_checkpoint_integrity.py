@@ -16,7 +16,7 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import HOURGLASS, quiet, tiny_config, trained_run
+from tests.helpers import HOURGLASS, copy_checkpoints, quiet, tiny_config, trained_run
 
 
 # One training run (about 30 s on 2 busy cores), paid by whichever test needs it first: those tests are marked slow.
@@ -34,12 +34,6 @@ def _restore(trainer, cfg, directory, read_only=False):
   return restored, messages
 
 
-def _copy(trained, tmp_path):
-  workdir = tmp_path / "run"
-  shutil.copytree(trained[0] / "checkpoints", workdir / "checkpoints")
-  return workdir
-
-
 @pytest.mark.slow
 def test_a_flipped_byte_in_any_file_is_noticed_or_harmless(trained, tmp_path):
   """One bit flipped in the middle of each file of the newest checkpoint, in turn: the restore either falls back to
@@ -48,7 +42,7 @@ def test_a_flipped_byte_in_any_file_is_noticed_or_harmless(trained, tmp_path):
   files = sorted(p.relative_to(workdir) for p in (workdir / "checkpoints" / "4").rglob("*") if p.is_file())
   outcomes = {}
   for relative in files:
-    copy = _copy(trained, tmp_path / str(len(outcomes)))
+    copy = copy_checkpoints(trained[0], tmp_path / str(len(outcomes)))
     target = copy / relative
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0x10
@@ -78,7 +72,7 @@ def test_changed_array_values_fail_the_fingerprint_check(trained, tmp_path):
   """Bytes that still decode (here: one optimizer moment rewritten through Orbax itself) are caught by the
   fingerprints recorded at save time, in training and in read-only evaluation alike."""
   workdir, cfg, trainer, state4, data4 = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   altered = state4.replace(opt_state=jax.tree.map(lambda x: x + 1 if x.dtype == np.float32 else x, state4.opt_state))
   with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=quiet) as checkpoints:
     record = checkpoints.manager.metadata(4).custom_metadata
@@ -97,7 +91,7 @@ def test_changed_array_values_fail_the_fingerprint_check(trained, tmp_path):
 def _composite(state, data_state):
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
-  return ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+  return ocp.args.Composite(state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data_state))
 
 
 @pytest.mark.parametrize("position, problem", [({}, "holds no data-iterator position"),
@@ -105,7 +99,7 @@ def _composite(state, data_state):
 @pytest.mark.slow
 def test_an_emptied_or_changed_data_position_is_not_a_silent_restart(trained, tmp_path, position, problem):
   workdir, cfg, trainer, _, data4 = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   position = position if position is not None else {k: v + 1 for k, v in data4.items()}
   (copy / "checkpoints" / "4" / "data" / "metadata").write_text(json.dumps(position))
   (_, data_state, step), messages = _restore(trainer, cfg, copy / "checkpoints")
@@ -118,7 +112,7 @@ def test_checkpoints_without_fingerprints_restore_with_a_notice(trained, tmp_pat
   """A checkpoint of the older format (a bare data position, fingerprints only in Orbax's metadata) that records
   none; format 2 is tested in test_hostile_checkpoints.py."""
   workdir, cfg, trainer, state4, data4 = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   (copy / "checkpoints" / "4" / "data" / "metadata").write_text(json.dumps(data4))
   metadata = copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA"
   record = json.loads(metadata.read_text())

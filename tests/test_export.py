@@ -15,8 +15,7 @@ import safetensors.numpy
 
 from hourglass_jax import weights
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train import integrity
-from hourglass_jax.train.export import export_params, verify_params
+from hourglass_jax.train.export import export_params
 from tests.helpers import quiet, run, trained_run
 
 
@@ -52,17 +51,6 @@ def test_export_loads_back_bit_for_bit(trained):
   assert model.cfg.d_model == cfg.model.d_model
   jax.tree.map(np.testing.assert_array_equal, loaded, params)  # same tree, same bits
   np.testing.assert_array_equal(_logits(model, loaded), _logits(model, params))
-
-
-@pytest.mark.slow
-def test_altered_params_are_not_exported(trained):
-  params = trained[2]
-  fingerprints = integrity.array_fingerprints({"params": params})
-  verify_params(params, {"fingerprints": fingerprints}, "step 4", log=quiet)
-  fingerprints["params/head/bias"] = "00000000"
-  with pytest.raises(TrainError, match=r"step 4 fails its integrity check: 1 parameter array\(s\) differ .*"
-                                       r"params/head/bias.*--step"):
-    verify_params(params, {"fingerprints": fingerprints}, "step 4", log=quiet)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 from hourglass_jax.train.checkpoint import FORMAT_KEY, Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.export import export_params
-from tests.helpers import quiet, trained_run
+from tests.helpers import copy_checkpoints, quiet, trained_run
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,6 @@ def trained(tmp_path_factory):
   """A run with checkpoints at steps 2 and 4 (the programs of test_checkpoint_integrity.py: cached compiles)."""
   workdir = tmp_path_factory.mktemp("trained")
   return workdir, *trained_run(workdir)
-
-
-def _copy(trained, tmp_path):
-  workdir = tmp_path / "run"
-  shutil.copytree(trained[0] / "checkpoints", workdir / "checkpoints")
-  return workdir
 
 
 def _restore(trainer, cfg, directory, **options):
@@ -53,7 +47,7 @@ def test_the_record_lives_beside_the_data(trained):
 
 def test_deleting_the_metadata_file_does_not_switch_off_verification(trained, tmp_path):
   workdir, cfg, trainer, state4, data4 = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
   (state, data_state, step), messages = _restore(trainer, cfg, copy / "checkpoints")
   assert step == 4 and data_state == data4 and not any("without verifying" in m for m in messages), messages
@@ -65,7 +59,7 @@ def test_deleting_the_metadata_file_does_not_switch_off_verification(trained, tm
 
 def test_deleting_the_metadata_file_does_not_skip_the_settings_check(trained, tmp_path):
   workdir, cfg, trainer, _, _ = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   for step in (2, 4):
     (copy / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").unlink()
   changed = cfg.copy_and_resolve_references()
@@ -77,7 +71,7 @@ def test_deleting_the_metadata_file_does_not_skip_the_settings_check(trained, tm
 
 def test_a_current_checkpoint_without_its_record_is_unreadable_unless_allowed(trained, tmp_path):
   workdir, cfg, trainer, state4, data4 = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
   data_file = copy / "checkpoints" / "4" / "data" / "metadata"
   data = json.loads(data_file.read_text())
@@ -95,7 +89,7 @@ def test_a_current_checkpoint_without_its_record_is_unreadable_unless_allowed(tr
 
 
 def test_export_reads_the_record_beside_the_data(trained, tmp_path):
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
   card = export_params(copy, tmp_path / "out", log=quiet)
   assert card["step"] == 4
@@ -110,7 +104,7 @@ def test_evaluation_beside_a_pruning_run_reads_the_newer_checkpoint(trained, tmp
   import orbax.checkpoint as ocp
 
   workdir, cfg, trainer, state4, _ = trained
-  copy = _copy(trained, tmp_path)
+  copy = copy_checkpoints(trained[0], tmp_path)
   real_restore, pruned = ocp.CheckpointManager.restore, []
 
   def restore(manager, step, *args, **kwargs):

@@ -17,9 +17,9 @@ import numpy as np
 from hourglass_jax import compile_cache, generation, paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.optimizer import make_optimizer
+from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.state import make_init_fn, state_layout
+
 
 @dataclasses.dataclass(frozen=True)
 class SampleOptions:
@@ -39,26 +39,6 @@ class SampleOptions:
   split: str | None = None
   max_len: int | None = None
   output: str | None = None
-
-
-def restore_params(cfg: ml_collections.ConfigDict, workdir, mesh, log=print):
-  """(params on `mesh`, their shardings, step) of the newest checkpoint in workdir/checkpoints, read-only."""
-  directory = paths.as_path(workdir) / "checkpoints"
-  if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
-    raise FileNotFoundError(f"no checkpoint under {directory}; train first with hourglass-train "
-                            f"--config=... --workdir={workdir}, or point --workdir at a trained run.")
-  model = build_model(cfg.model)
-  optimizer, _ = make_optimizer(cfg.train)
-  init_fn = make_init_fn(model, optimizer, cfg.data.seq_len, cfg.train.seed)
-  abstract, shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
-  with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-    restored = checkpoints.restore_latest(abstract, config_record(cfg), cfg.checkpoint.allow_settings_change,
-                                          cfg.checkpoint.get("allow_unverified", False))
-    if restored is None:
-      raise FileNotFoundError(f"no readable checkpoint under {directory}; train first with hourglass-train "
-                              f"--workdir={workdir}.")
-    state, _, step = restored
-  return state.params, shardings.params, step
 
 
 def check_options(options: SampleOptions, vocab_size: int) -> None:
@@ -170,8 +150,10 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   new, _ = _lengths(cfg, options, prompts.shape[1], image_size)
 
   mesh = sharding.make_mesh(cfg.mesh)
-  with jax.set_mesh(mesh):
-    params, param_shardings, step = restore_params(cfg, workdir, mesh, log)
+  with jax.set_mesh(mesh):  # the params alone, onto the model's shardings: no optimizer is built
+    init_fn = make_init_fn(build_model(cfg.model), None, cfg.data.seq_len, cfg.train.seed)
+    abstract, param_shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
+    params, step, _ = read_params(workdir, abstract, cfg, log=log)
   generated = generation.generate_on_mesh(
       params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
       seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,

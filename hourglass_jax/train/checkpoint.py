@@ -6,13 +6,18 @@ Format 2: the 'data' item holds {'checkpoint_format': 2, 'iterator': the data po
 and fingerprints}, so the fingerprints and settings live where the data is and deleting Orbax's metadata file
 does not switch their checks off. A format-2 checkpoint whose record lacks them is treated as unreadable unless
 `allow_unverified`; a checkpoint of the older format (a bare data position) is verified against the fingerprints
-in its metadata, or restored unverified with a warning when it has none."""
+in its metadata, or restored unverified with a warning when it has none.
+
+`Checkpoints.restore_latest` is the one reader of these checkpoints: the whole train state (training resumes) or
+the params alone (evaluation, sampling, export: an Orbax partial restore, so no optimizer state is read), with
+the same checks either way; `read_params` opens a run's workdir read-only for the params alone."""
 
 import errno
 import logging
 import time
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
@@ -77,7 +82,8 @@ class Checkpoints:
         save_decision_policy=policies.AnySavePolicy(save_policies), preservation_policy=policies.LatestN(keep),
         enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
         create=not read_only)
-    handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
+    # The PyTree handler writes what the standard one does and can also restore the params alone.
+    handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
     self._records, self._quiet = {}, _QuietDiskFull()
 
@@ -109,7 +115,7 @@ class Checkpoints:
     raises TrainError, earlier checkpoints stay intact."""
     record = dict(config, fingerprints=integrity.array_fingerprints(state),
                   data_fingerprint=integrity.json_fingerprint(data_state))
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+    args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                               data=ocp.args.JsonSave(wrap_data(data_state, record)))
     return self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
 
@@ -128,37 +134,43 @@ class Checkpoints:
                        f" no space left on device. Earlier checkpoints {kept or '(none)'} are intact; free disk "
                        "space or point --workdir elsewhere, then rerun the same command to resume.") from error
 
-  def restore_latest(self, abstract: TrainState, config: dict, allow_settings_change: bool = False,
-                     allow_unverified: bool = False):
+  def restore_latest(self, abstract, config: dict | None, allow_settings_change: bool = False,
+                     allow_unverified: bool = False, step: int | None = None):
     """(state, data_state, step) of the newest sound checkpoint onto `abstract`'s shardings, or None.
 
-    A checkpoint of a different model or optimizer raises TrainError (of other function-changing model settings,
-    ValueError, unless `allow_settings_change`). One that cannot be read, or whose arrays or data position differ
-    from the fingerprints recorded when it was saved, is reported, moved aside to checkpoints_unreadable/ (unless
-    read-only) and the previous one is tried; so is one of the current format that records no fingerprints or
-    settings, unless `allow_unverified`.
+    `abstract` is a TrainState (training resumes), or its params alone: then only the params are read (an Orbax
+    partial restore: no optimizer state) and returned in place of the state; None reads them as host NumPy arrays of
+    the saved shapes, whatever mesh saved them. A checkpoint of a different model or optimizer raises TrainError (of
+    other function-changing model settings, ValueError, unless `allow_settings_change`; `config` None compares no
+    settings). One that cannot be read, or whose arrays or data position differ from the fingerprints recorded when
+    it was saved, is reported, moved aside to checkpoints_unreadable/ (unless read-only) and the previous one is
+    tried; so is one of the current format that records no fingerprints or settings, unless `allow_unverified`.
+    `step`: that checkpoint only, whose problem raises TrainError.
     """
-    pruned = 0
-    steps = list(reversed(self.all_steps()))
+    only, pruned = step, 0
+    steps = [only] if only is not None else list(reversed(self.all_steps()))
     while steps:
       step = steps.pop(0)
       self.check_compatible(step, abstract, config, allow_settings_change)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+            state=self._state_args(step, abstract), data=ocp.args.JsonRestore()))
         data_state, record = unwrap_data(restored.data)
       except Exception as error:  # after the structure check, a failure means damaged or missing files
         problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
       else:
         if record is not None:  # the record beside the data is the one to trust: its settings are checked too
           self._records[step] = record
-          if "model" in record and not allow_settings_change:
+          if "model" in record and config is not None and not allow_settings_change:
             check_same_function(record["model"], config["model"], f"{self.directory} step {step}")
         try:
           problem = self._verify(step, restored.state, data_state, current=record is not None,
-                                 allow_unverified=allow_unverified)
+                                 allow_unverified=allow_unverified, hint=config is not None)
         except Exception as error:
           problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+      if problem and only is not None:
+        raise TrainError(f"checkpoint step {step} under {self.directory} {problem}; pass another step (it holds "
+                         f"steps {', '.join(map(str, self.all_steps()))}).")
       if problem and self.read_only and pruned < 10 and not (self.directory / str(step)).exists():
         pruned += 1  # a training run deleted it meanwhile (keeping its latest N): its newer ones are the ones to read
         self._records.pop(step, None)
@@ -174,26 +186,40 @@ class Checkpoints:
                  f"{f'step {older[-1]}' if older else 'a fresh start'}.")
         self._move_aside(step)
         continue
-      return restored.state, data_state, step
+      return (restored.state if isinstance(abstract, TrainState) else restored.state["params"]), data_state, step
     return None
 
-  def _record(self, step: int) -> dict:
+  def _state_args(self, step: int, abstract) -> ocp.args.PyTreeRestore:
+    """What to read of checkpoint `step`'s state: all of it onto a TrainState, or the params alone."""
+    if isinstance(abstract, TrainState):
+      return ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+    if abstract is None:
+      saved = self.manager.item_metadata(step)["state"].tree["params"]
+      item = {"params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)}
+      restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    else:
+      item = {"params": abstract}
+      restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+    return ocp.args.PyTreeRestore(item, restore_args=restore_args, partial_restore=True)
+
+  def record(self, step: int) -> dict:
     """The run record saved with `step` (read once: Orbax takes a few hundred ms per read)."""
     if step not in self._records:
       self._records[step] = self.manager.metadata(step).custom_metadata or {}
     return self._records[step]
 
-  def _verify(self, step: int, state: TrainState, data_state, current: bool = False,
-              allow_unverified: bool = False) -> str | None:
-    """None if the restored state and data position are what was saved; else what is wrong with them. `current`:
-    a format-2 checkpoint, whose record must hold fingerprints and settings (unless `allow_unverified`)."""
+  def _verify(self, step: int, state, data_state, current: bool = False, allow_unverified: bool = False,
+              hint: bool = True) -> str | None:
+    """None if the restored state (or {'params': params}) and data position are what was saved; else what is wrong
+    with them. `current`: a format-2 checkpoint, whose record must hold fingerprints and settings (unless
+    `allow_unverified`; `hint`: name the override)."""
     if not isinstance(data_state, dict) or not data_state:
       return f"holds no data-iterator position ({data_state!r}), so the data would silently restart"
-    record = self._record(step)
+    record = self.record(step)
     if current and not ("fingerprints" in record and "model" in record):
       if not allow_unverified:
-        return (f"records no fingerprints or settings beside its data, so it cannot be verified (to load it "
-                f"anyway, unverified, add {UNVERIFIED_OVERRIDE})")
+        return ("records no fingerprints or settings beside its data, so it cannot be verified"
+                + (f" (to load it anyway, unverified, add {UNVERIFIED_OVERRIDE})" if hint else ""))
       self.log(f"checkpoint step {step} under {self.directory} records no fingerprints or settings; restored "
                f"without verifying it ({UNVERIFIED_OVERRIDE}).")
       return None
@@ -201,7 +227,10 @@ class Checkpoints:
       self.log(f"checkpoint step {step} under {self.directory} records no fingerprints (saved by an older "
                "hourglass_jax); restored without verifying it.")
       return None
-    altered = integrity.mismatches(record["fingerprints"], integrity.array_fingerprints(state))
+    saved = record["fingerprints"]
+    if not isinstance(state, TrainState):  # the params alone
+      saved = {k: v for k, v in saved.items() if k.startswith("params/")}
+    altered = integrity.mismatches(saved, integrity.array_fingerprints(state))
     if record.get("data_fingerprint") != integrity.json_fingerprint(data_state):
       altered.append("the data-iterator position")
     if altered:
@@ -209,21 +238,23 @@ class Checkpoints:
               f"{', '.join(altered[:3])}), so its files were altered after saving")
     return None
 
-  def check_compatible(self, step: int | None, abstract: TrainState, config: dict,
+  def check_compatible(self, step: int | None, abstract, config: dict | None,
                        allow_settings_change: bool = False) -> None:
-    """Raises TrainError when checkpoint `step` (default: the newest) holds arrays of other names or shapes, and
-    ValueError when it records function-changing model settings other than `config`'s (unless allowed)."""
+    """Raises TrainError when checkpoint `step` (default: the newest) holds arrays of other names or shapes than
+    `abstract` (a TrainState, or its params alone: then only they are compared), and ValueError when it records
+    function-changing model settings other than `config`'s (unless allowed)."""
     step = step if step is not None else (self.all_steps() or [None])[-1]
-    if step is None:
+    if step is None or abstract is None:
       return
     try:
-      saved_model = self._record(step).get("model", {})
+      saved_model = self.record(step).get("model", {})
       saved = array_shapes(self.manager.item_metadata(step)["state"].tree)
     except Exception:
       return  # unreadable: restore_latest reports it and falls back
-    now = array_shapes(abstract)
+    now = array_shapes(abstract if isinstance(abstract, TrainState) else {"params": abstract})
+    saved = {k: v for k, v in saved.items() if isinstance(abstract, TrainState) or k.startswith("params/")}
     if saved == now:
-      if not allow_settings_change:
+      if config is not None and not allow_settings_change:
         check_same_function(saved_model, config["model"], f"{self.directory} step {step}")
       return
     fields = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r}, config {v!r}"
@@ -253,3 +284,33 @@ class Checkpoints:
     multihost_utils.sync_global_devices(f"checkpoint_moved_aside_{step}")
     self.manager.reload()
 
+
+class NoCheckpointError(TrainError, FileNotFoundError):
+  """A workdir holds no (readable) checkpoint, or not the step asked for."""
+
+
+def read_params(workdir, abstract_params, cfg=None, step: int | None = None, fall_back: bool = True,
+                log=print) -> tuple[object, int, dict]:
+  """(params, step, the run record saved with them) of the newest sound checkpoint of `workdir`, read-only (a run
+  in progress may be writing there) through `Checkpoints.restore_latest`: onto `abstract_params`' shardings, or as
+  host NumPy arrays when None. `cfg`: the config they must match (its checkpoint.allow_settings_change and
+  allow_unverified apply); None compares no settings. `step` (or, without `fall_back`, the newest): that checkpoint
+  or a TrainError saying what is wrong with it."""
+  directory = paths.as_path(workdir) / "checkpoints"
+  if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
+    raise NoCheckpointError(f"no checkpoint under {directory}; train first with hourglass-train --config=... "
+                            f"--workdir={workdir}, or point --workdir at a trained run.")
+  settings = {} if cfg is None else cfg.checkpoint
+  with Checkpoints(directory, log=log, read_only=True) as checkpoints:
+    steps = checkpoints.all_steps()
+    step = step if step is not None or fall_back else (steps or [None])[-1]
+    if step is not None and step not in steps:
+      raise NoCheckpointError(f"no checkpoint of step {step} under {directory}; it holds steps "
+                              f"{', '.join(map(str, steps))}.")
+    restored = checkpoints.restore_latest(abstract_params, None if cfg is None else config_record(cfg),
+                                          settings.get("allow_settings_change", False),
+                                          settings.get("allow_unverified", False), step)
+    if restored is None:
+      raise NoCheckpointError(f"no readable checkpoint under {directory}; train first with hourglass-train "
+                              f"--workdir={workdir}.")
+    return restored[0], restored[2], checkpoints.record(restored[2])

@@ -7,42 +7,41 @@ import weakref
 import jax
 import ml_collections
 
-from hourglass_jax import paths, sharding
+from hourglass_jax import sharding
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.step import token_losses_and_sown
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.trainer import Evaluator
 
-_STEPS = weakref.WeakKeyDictionary()  # trainer -> its jitted per-position weighted eval step
+_STEPS = weakref.WeakKeyDictionary()  # evaluator (or trainer) -> its jitted per-position weighted eval step
 
 
-def weighted_eval_step(trainer: Trainer):
+def weighted_eval_step(evaluator: Evaluator):
   """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens, rows}, sown metrics)`: only predictions with
   weight 1 count, so overlapping eval windows (sliding, long_context) score each byte once; `rows` counts the
   windows that score any. The sown metrics (a dynamic level's boundary_rate...) are the batch's, as in training."""
-  if trainer not in _STEPS:
+  if evaluator not in _STEPS:
     def eval_step(params, tokens_BxL1, weights_BxL):
-      losses_BxL, _, sown = token_losses_and_sown(trainer.model, params, tokens_BxL1, trainer.rules)
+      losses_BxL, _, sown = token_losses_and_sown(evaluator.model, params, tokens_BxL1, evaluator.rules)
       return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum(),
                   rows=(weights_BxL.sum(axis=1) > 0).sum()), sown
 
-    _STEPS[trainer] = jax.jit(eval_step, out_shardings=sharding.replicated(trainer.mesh), in_shardings=(
-        trainer.shardings.params, trainer.batch_sharding, trainer.batch_sharding),
-        compiler_options=trainer.compiler_options)
-  return _STEPS[trainer]
+    _STEPS[evaluator] = jax.jit(eval_step, out_shardings=sharding.replicated(evaluator.mesh), in_shardings=(
+        evaluator.param_shardings, evaluator.batch_sharding, evaluator.batch_sharding),
+        compiler_options=evaluator.compiler_options)
+  return _STEPS[evaluator]
 
 
-def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict:
+def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0) -> dict:
   """Mean loss (nats) and bits per scored token over `split` (all of it when max_batches is 0), and what the model
   sows into 'metrics' (`metrics`, by module path; empty for most models), averaged over batches weighted by their
   real windows: a padded last batch counts as its few windows, and its padding (copies of the last window,
   eval_iterator) adds no rate of its own."""
-  source = trainer.eval_source(split)
-  batches = pipeline.num_eval_batches(source, trainer.batch_size, max_batches)
-  step, outs, sown = weighted_eval_step(trainer), [], []
-  for tokens, weights in pipeline.eval_iterator(source, trainer.batch_size, trainer.rows, max_batches):
-    out, metrics = step(params, trainer.global_array(tokens), trainer.global_array(weights))
+  source = evaluator.eval_source(split)
+  batches = pipeline.num_eval_batches(source, evaluator.batch_size, max_batches)
+  step, outs, sown = weighted_eval_step(evaluator), [], []
+  for tokens, weights in pipeline.eval_iterator(source, evaluator.batch_size, evaluator.rows, max_batches):
+    out, metrics = step(params, evaluator.global_array(tokens), evaluator.global_array(weights))
     outs.append(out)
     sown.append(metrics)
   # Summed on the host in float64: float32 counts stop being exact past 2^24 tokens (a 90M-byte split).
@@ -52,11 +51,11 @@ def evaluate(trainer: Trainer, params, split: str, max_batches: int = 0) -> dict
   metrics = {name: sum(float(m[name]) * float(out["rows"]) for m, out in zip(sown, outs)) / max(total["rows"], 1.0)
              for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
-  data = trainer.cfg.data
+  data = evaluator.cfg.data
   kind = sources.dataset_kind(data.name)
   protocol = "images" if kind == "image" else data.get("eval_protocol", "windows")
   return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches,
-              windows=min(len(source), batches * trainer.batch_size), whole_split=batches * trainer.batch_size
+              windows=min(len(source), batches * evaluator.batch_size), whole_split=batches * evaluator.batch_size
               >= len(source), unit="dim" if kind == "image" else "byte", protocol=protocol, metrics=metrics)
 
 
@@ -71,22 +70,12 @@ def describe(result: dict, split: str) -> str:
 
 def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str | None = None,
                         log=print) -> dict:
-  """Restores the newest checkpoint in `workdir` onto this host's devices and evaluates it on `split`."""
-  mesh = sharding.make_mesh(cfg.mesh)
-  trainer = Trainer(cfg, mesh)
+  """Restores the params alone of the newest checkpoint in `workdir` onto this host's devices and evaluates them
+  on `split` (default data.eval_split): no optimizer, no train step, no train split."""
+  evaluator = Evaluator(cfg, sharding.make_mesh(cfg.mesh))
   split = split or cfg.data.eval_split
-  directory = paths.as_path(workdir) / "checkpoints"
-  if not directory.is_dir():
-    raise TrainError(f"no checkpoints under {directory}; train first with hourglass-train --workdir={workdir}.")
-  with jax.set_mesh(mesh):
-    with Checkpoints(directory, log=log, read_only=True) as checkpoints:
-      restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
-                                            cfg.checkpoint.allow_settings_change,
-                                            cfg.checkpoint.get("allow_unverified", False))
-    if restored is None:
-      raise TrainError(f"no checkpoint under {workdir}/checkpoints; train first with hourglass-train "
-                       f"--workdir={workdir}.")
-    state, _, step = restored
-    result = evaluate(trainer, state.params, split, cfg.data.eval_batches)
+  with jax.set_mesh(evaluator.mesh):
+    params, step, _ = read_params(workdir, evaluator.abstract, cfg, log=log)
+    result = evaluate(evaluator, params, split, cfg.data.eval_batches)
   log(f"step {step}: {describe(result, split)}")
   return dict(result, step=step)

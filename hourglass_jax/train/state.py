@@ -20,13 +20,16 @@ class TrainState:
   rng: jax.Array
 
 
-def make_init_fn(model: nn.Module, optimizer: optax.GradientTransformation, seq_len: int,
-                 seed: int) -> Callable[[], TrainState]:
-  """A no-argument function building the (logically annotated) initial state from `seed`."""
+def make_init_fn(model: nn.Module, optimizer: optax.GradientTransformation | None, seq_len: int,
+                 seed: int) -> Callable[[], Any]:
+  """A no-argument function building the (logically annotated) initial state from `seed`; without an optimizer,
+  the params alone (what evaluation and sampling restore)."""
 
-  def init() -> TrainState:
+  def init():
     params_key, dropout_key = jax.random.split(jax.random.key(seed))
     params = model.init(params_key, jnp.zeros((1, seq_len), jnp.int32))["params"]
+    if optimizer is None:
+      return params
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                       rng=jax.random.key_data(dropout_key))
 
@@ -39,11 +42,15 @@ def unbox(tree):
                       is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
-def state_layout(init_fn: Callable[[], TrainState], mesh, rules) -> tuple[TrainState, TrainState]:
-  """(abstract state with shardings attached, shardings), from shapes alone; checks every split divides."""
+def state_layout(init_fn: Callable[[], Any], mesh, rules) -> tuple[Any, Any]:
+  """(abstract state (or params) with shardings attached, shardings), from shapes alone; checks every split
+  divides."""
   boxed = jax.eval_shape(init_fn)
   shardings = sharding.tree_shardings(boxed, mesh, rules)
-  sharding.check_divisible(boxed.params, shardings.params)
+  if isinstance(boxed, TrainState):
+    sharding.check_divisible(boxed.params, shardings.params)
+  else:
+    sharding.check_divisible(boxed, shardings)
   shapes = unbox(boxed)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
   return abstract, shardings

@@ -1,4 +1,4 @@
-"""Pure train and eval steps: next-byte cross-entropy, gradient accumulation over micro-batches, AdamW update."""
+"""The pure train step: next-byte cross-entropy, gradient accumulation over micro-batches, AdamW update."""
 
 import flax.linen as nn
 import jax
@@ -23,11 +23,6 @@ def token_losses_and_sown(model, params, tokens_BxL1, rules, *, rng=None):
   metrics = {name: jnp.mean(jnp.stack(values))
              for name, values in traverse_util.flatten_dict(sown.get("metrics", {}), sep="/").items()}
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, tokens_BxL1[:, 1:]), aux_loss, metrics
-
-
-def token_losses(model, params, tokens_BxL1, rules, *, rng=None):
-  """Per-token cross-entropy in nats [B, L] of predicting tokens[:, 1:] from tokens[:, :-1]."""
-  return token_losses_and_sown(model, params, tokens_BxL1, rules, rng=rng)[0]
 
 
 def make_train_step(model, optimizer, schedule, rules, accum_steps: int = 1):
@@ -71,13 +66,3 @@ def make_train_step(model, optimizer, schedule, rules, accum_steps: int = 1):
 
   return train_step
 
-
-def make_eval_step(model, rules):
-  """`eval_step(params, tokens_BxL1, weights_B) -> {loss_sum, tokens}` (padding rows have weight 0)."""
-
-  def eval_step(params, tokens_BxL1, weights_B):
-    losses_BxL = token_losses(model, params, tokens_BxL1, rules)
-    return dict(loss_sum=(losses_BxL * weights_B[:, None]).sum(),
-                tokens=weights_B.sum() * losses_BxL.shape[1])
-
-  return eval_step

@@ -1,4 +1,6 @@
-"""One run's compiled pieces for a config on a mesh: model, optimizer, state layout, jitted train/eval steps."""
+"""A config's compiled pieces on a mesh: `Evaluator` (model, parameter layout, batch sharding, eval splits: no
+optimizer, no train step, no train split) and `Trainer` (adds the train split, optimizer, state layout and the
+jitted train step)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,43 +9,66 @@ import numpy as np
 
 from hourglass_jax import sharding, xla_options
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.model import build_model
+from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.train import checks
 from hourglass_jax.train.optimizer import make_optimizer
 from hourglass_jax.train.remat import training_model_config
 from hourglass_jax.train.state import create_state, make_init_fn, num_params, state_layout
-from hourglass_jax.train.step import make_eval_step, make_train_step
+from hourglass_jax.train.step import make_train_step
 
 
-class Trainer:
-  """Validates `cfg` against `mesh` (before anything compiles) and holds the jitted steps and shardings."""
+class Evaluator:
+  """Validates `cfg` against `mesh` (before anything compiles) and holds what evaluating its params needs."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model_cfg: ModelConfig | None = None):
     self.cfg, self.mesh = cfg, mesh
-    self.model = build_model(training_model_config(cfg))
+    self.model = build_model(model_cfg or ModelConfig.from_dict(cfg.model))
     checks.check_config(cfg, cfg.model.vocab_size)
     self.rules = sharding.logical_rules(cfg.mesh)
     self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
     checks.check_batch_split(cfg, sharding.batch_parallelism(mesh, self.rules), jax.process_count())
     self.batch_size, self.seq_len = cfg.data.batch_size, cfg.data.seq_len
     self.rows = sharding.process_rows(self.batch_sharding, self.batch_size, (self.seq_len + 1,))
+    self.compiler_options = xla_options.compiler_options(cfg.model.dtype, mesh.devices.flat[0].platform)
+    self._layout()
+
+  def _layout(self):
+    """The params' abstract tree and shardings (`abstract`, `shardings`, `param_shardings`)."""
+    self.init_fn = make_init_fn(self.model, None, self.seq_len, self.cfg.train.seed)
+    self.abstract, self.shardings = state_layout(self.init_fn, self.mesh, self.rules)
+    self.param_shardings = self.shardings
+
+  def global_array(self, local: np.ndarray) -> jax.Array:
+    """This process's rows -> one global array sharded over the batch axes."""
+    shape = (self.batch_size, *local.shape[1:])
+    return jax.make_array_from_process_local_data(self.batch_sharding, local, shape)
+
+  def eval_source(self, split: str):
+    return sources.make_source(self.cfg.data, split, self.cfg.model.vocab_size, self.cfg.train.seed,
+                               eval_windows=True)
+
+
+class Trainer(Evaluator):
+  """An Evaluator of the training model (remat) that also holds the train split, optimizer and jitted train step;
+  `abstract` and `shardings` are the whole train state's."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+    super().__init__(cfg, mesh, training_model_config(cfg))
+
+  def _layout(self):
+    cfg = self.cfg
     self.train_source = sources.make_source(cfg.data, "train", cfg.model.vocab_size, cfg.train.seed)
     checks.check_train_windows(cfg.data, len(self.train_source))
     self.eval_source(cfg.data.eval_split)  # every run evaluates at its end: a split too short fails now, not then
     self.optimizer, self.schedule = make_optimizer(cfg.train)
     self.init_fn = make_init_fn(self.model, self.optimizer, self.seq_len, cfg.train.seed)
-    self.abstract, self.shardings = state_layout(self.init_fn, mesh, self.rules)
-    self.num_params = num_params(self.abstract)
-    replicated = sharding.replicated(mesh)
-    self.compiler_options = xla_options.compiler_options(cfg.model.dtype, mesh.devices.flat[0].platform)
+    self.abstract, self.shardings = state_layout(self.init_fn, self.mesh, self.rules)
+    self.param_shardings, self.num_params = self.shardings.params, num_params(self.abstract)
     step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps)
     # The train step keeps XLA's defaults: with dense kernel gradients taken as (x^T) dy its bfloat16 dots run
     # natively in YNNPACK, 1.27x faster than under the option (benchmarks/throughput.py --dtypes float32,bfloat16).
     self.train_step = jax.jit(step, in_shardings=(self.shardings, self.batch_sharding),
-                              out_shardings=(self.shardings, replicated), donate_argnums=0)
-    self.eval_step = jax.jit(make_eval_step(self.model, self.rules), out_shardings=replicated,
-                             in_shardings=(self.shardings.params, self.batch_sharding, self.batch_sharding),
-                             compiler_options=self.compiler_options)
+                              out_shardings=(self.shardings, sharding.replicated(self.mesh)), donate_argnums=0)
 
   def init_state(self):
     return create_state(self.init_fn, self.shardings)
@@ -53,14 +78,5 @@ class Trainer:
     tokens = jax.ShapeDtypeStruct((self.batch_size, self.seq_len + 1), jnp.int32, sharding=self.batch_sharding)
     return self.train_step.lower(self.abstract, tokens).compile()
 
-  def global_array(self, local: np.ndarray) -> jax.Array:
-    """This process's rows -> one global array sharded over the batch axes."""
-    shape = (self.batch_size, *local.shape[1:])
-    return jax.make_array_from_process_local_data(self.batch_sharding, local, shape)
-
   def train_iterator(self):
     return pipeline.train_iterator(self.train_source, self.cfg.train.seed, self.batch_size, self.rows)
-
-  def eval_source(self, split: str):
-    return sources.make_source(self.cfg.data, split, self.cfg.model.vocab_size, self.cfg.train.seed,
-                               eval_windows=True)
