@@ -13,7 +13,7 @@ from tests.helpers import small_config
 
 MULTISCALE = dict(scales="4,2,1", heads_per_scale="1,1,2")
 CASES = {
-    "hourglass": small_config(hierarchy="2@1 3@3 2@1", shorten="attention_avg", upsample="attention_repeat"),
+    "hourglass": small_config(hierarchy="1@1 3@3 1@1", shorten="attention_avg", upsample="attention_repeat"),
     "vanilla": small_config(kind="vanilla", hierarchy="3@1"),
     "retina": small_config(kind="retina", hierarchy="3@1", retina_windows="0:2,2:6,6:12", **MULTISCALE),
 }
