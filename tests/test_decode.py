@@ -292,7 +292,19 @@ MULTISCALE_CASES, NUM_SAMPLED = multiscale_cases()
 @pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i < NUM_SAMPLED), id=describe(cfg))
                                   for i, cfg in enumerate(MULTISCALE_CASES)])
 def test_multiscale_decoding_matches_forward(case):
-  assert_decoding_matches_forward(MULTISCALE_CASES[case], case)
+  """Prefill + steps equal the forward pass; then greedy decoding with the same compiled prefill and step equals
+  greedy decoding by repeated full forwards (generate's loop is kind-agnostic and tested below)."""
+  cfg = MULTISCALE_CASES[case]
+  assert_decoding_matches_forward(cfg, case)
+  _, params = model_and_params(cfg)
+  prompts = prompt_lengths(cfg, case)
+  _, _, prefills = reference_program(cfg, prompts)(params, TOKENS)
+  cache, logits_BxV = prefills[0]
+  tokens = TOKENS.copy()
+  for t in range(prompts[0], LENGTH):
+    tokens[:, t] = np.argmax(np.asarray(logits_BxV), axis=-1)
+    cache, logits_BxV = jitted_step(cfg)(params, cache, tokens[:, t], t)
+  np.testing.assert_array_equal(tokens[:, prompts[0]:], greedy_by_full_forward(cfg, case, params, prompts[0]))
 
 
 def conds(eqns):
@@ -351,22 +363,6 @@ def test_greedy_generation_matches_repeated_full_forwards():
                              temperature=0.0)
   assert cached.shape == (BATCH, LENGTH - prompt_len) and cached.dtype == jnp.int32
   np.testing.assert_array_equal(cached, greedy_by_full_forward(GEN_CFG, GEN_CASE, params, prompt_len))
-
-
-@pytest.mark.parametrize("case", range(len(MULTISCALE_CASES)), ids=[describe(c) for c in MULTISCALE_CASES])
-def test_multiscale_greedy_decoding_matches_repeated_full_forwards(case):
-  """Greedy decoding with the compiled prefill and step of the equality test (generate's loop is kind-agnostic
-  and tested above)."""
-  cfg = MULTISCALE_CASES[case]
-  _, params = model_and_params(cfg)
-  prompts = prompt_lengths(cfg, case)
-  _, _, prefills = reference_program(cfg, prompts)(params, TOKENS)
-  cache, logits_BxV = prefills[0]
-  tokens = TOKENS.copy()
-  for t in range(prompts[0], LENGTH):
-    tokens[:, t] = np.argmax(np.asarray(logits_BxV), axis=-1)
-    cache, logits_BxV = jitted_step(cfg)(params, cache, tokens[:, t], t)
-  np.testing.assert_array_equal(tokens[:, prompts[0]:], greedy_by_full_forward(cfg, case, params, prompts[0]))
 
 
 def test_generation_stops_at_the_end_token():
