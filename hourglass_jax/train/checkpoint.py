@@ -108,16 +108,19 @@ class Checkpoints:
     self.manager.__enter__()
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, error_type, *rest):
     try:
-      self.wait()
-    finally:
       try:
-        self.manager.__exit__(*exc)
+        self.wait()
       finally:
-        logging.getLogger("absl").removeFilter(self._quiet)
-        if not self.failed:  # after a failed save, abandoned writes keep completing: the hook stays
-          self._quiet_writes.remove()
+        self._guard(None, lambda: self.manager.__exit__(error_type, *rest))
+    except Exception:
+      if error_type is None:
+        raise  # else the error leaving the block (a failed save's, say) is the one to report, not its echo here
+    finally:
+      logging.getLogger("absl").removeFilter(self._quiet)
+      if not self.failed:  # after a failed save, abandoned writes keep completing: the hook stays
+        self._quiet_writes.remove()
 
   def should_save(self, step: int) -> bool:
     return self.manager.should_save(step)
