@@ -15,7 +15,7 @@ import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checks import DiskFullError, TrainError
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from hourglass_jax.train.trainer import Trainer
@@ -169,8 +169,8 @@ def test_full_disk_names_the_problem_and_keeps_earlier_checkpoints(tmp_path, mon
       raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoints.manager, "save", no_space)
-    with pytest.raises(TrainError, match=r"step 2 .* no space left on device. Earlier checkpoints \[1\] are "
-                                         r"intact; free disk space"):
+    with pytest.raises(DiskFullError, match=r"saving checkpoint step 2 .* \(no space left on device\); checkpoint "
+                                            r"step 1 is intact. Free disk space"):
       checkpoints.save(2, state, {"next_index": 2}, config_record(cfg), force=True)
   assert (tmp_path / "checkpoints" / "1" / "state").is_dir()
 

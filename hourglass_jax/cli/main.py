@@ -4,6 +4,7 @@ hourglass-data, hourglass-sample, hourglass-export."""
 import logging
 import os
 import sys
+import traceback
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -62,14 +63,33 @@ def _check_locations(create: bool = True) -> None:
 def _run(fn):
   """Runs fn(); configuration and training faults end the program with their message instead of a traceback
   (pass --verbosity=0 or higher to see the traceback too)."""
-  from hourglass_jax.train.checks import TrainError
+  from hourglass_jax.train.checks import DiskFullError, TrainError
 
   try:
     return fn()
+  except DiskFullError as error:
+    _exit_disk_full(error)
   except (ValueError, TrainError, OSError) as error:
     if flags.FLAGS["verbosity"].present:
       raise
     sys.exit(f"error: {error}")
+
+
+def _exit_disk_full(error) -> None:
+  """Ends the process on a full disk with EXIT_DISK_FULL: the one-line message (after the traceback with
+  --verbosity), flushed, then os._exit. A failed async save leaves TensorStore writes and coroutines of Orbax's closed
+  event loop behind, with nothing to wait on; a normal interpreter shutdown runs them into the finalizing
+  interpreter, which printed tracebacks by the dozen and could crash (exit 139). The workdir lock is released, the
+  checkpoints closed and the summaries flushed before this is reached."""
+  from hourglass_jax.train import preemption
+
+  if flags.FLAGS["verbosity"].present:
+    traceback.print_exc()
+  print(f"error: {error}", file=sys.stderr)
+  absl_logging.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(preemption.EXIT_DISK_FULL)
 
 
 def _run_reader(fn, what: str):

@@ -12,8 +12,8 @@ in its metadata, or restored unverified with a warning when it has none.
 the params alone (evaluation, sampling, export: an Orbax partial restore, so no optimizer state is read), with
 the same checks either way; `read_params` opens a run's workdir read-only for the params alone."""
 
-import errno
 import logging
+import sys
 import time
 
 import jax
@@ -25,7 +25,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from hourglass_jax import paths
 from hourglass_jax.train import integrity
 from hourglass_jax.train.checkpoint_record import check_same_function, config_record  # noqa: F401  (re-exported)
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
 from hourglass_jax.train.state import TrainState
 
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
@@ -45,21 +45,35 @@ def unwrap_data(data) -> tuple[object, dict | None]:
   return data, None
 
 
-def _is_disk_full(error: BaseException | None) -> bool:
-  while error is not None:
-    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
-
-
 class _QuietDiskFull(logging.Filter):
   """Drops Orbax's background-thread log records (a traceback each, dozens per failed save) about a full disk:
   `Checkpoints` reports that itself, in one line naming the folder and the fix."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    return not (_is_disk_full(error) or "No space left on device" in record.getMessage())
+    return not (is_disk_full(error) or "No space left on device" in record.getMessage())
+
+
+class _QuietAbandonedWrites:
+  """A `sys.unraisablehook` that drops the "Event loop is closed" RuntimeErrors of a failed async save: the first
+  write that fails ends Orbax's event loop while its sibling TensorStore writes are in flight, and each of those,
+  when it completes, fails to reach the closed loop and is printed as a traceback (dozens per save). The failure
+  itself is reported by `Checkpoints`; anything else goes to the previous hook."""
+
+  def __init__(self):
+    self.previous = None
+
+  def __call__(self, unraisable) -> None:
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+      self.previous(unraisable)
+
+  def install(self) -> None:
+    self.previous, sys.unraisablehook = sys.unraisablehook, self
+
+  def remove(self) -> None:
+    if sys.unraisablehook is self:
+      sys.unraisablehook = self.previous
 
 
 def array_shapes(tree) -> dict[str, tuple[int, ...]]:
@@ -85,21 +99,28 @@ class Checkpoints:
     # The PyTree handler writes what the standard one does and can also restore the params alone.
     handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-    self._records, self._quiet = {}, _QuietDiskFull()
+    self._records, self._quiet, self._quiet_writes = {}, _QuietDiskFull(), _QuietAbandonedWrites()
+    self._pending, self.failed = None, False  # the step of the last save started; whether a save ran out of space
 
   def __enter__(self):
     logging.getLogger("absl").addFilter(self._quiet)
+    self._quiet_writes.install()
     self.manager.__enter__()
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, error_type, *rest):
     try:
-      self.wait()
-    finally:
       try:
-        self.manager.__exit__(*exc)
+        self.wait()
       finally:
-        logging.getLogger("absl").removeFilter(self._quiet)
+        self._guard(None, lambda: self.manager.__exit__(error_type, *rest))
+    except Exception:
+      if error_type is None:
+        raise  # else the error leaving the block (a failed save's, say) is the one to report, not its echo here
+    finally:
+      logging.getLogger("absl").removeFilter(self._quiet)
+      if not self.failed:  # after a failed save, abandoned writes keep completing: the hook stays
+        self._quiet_writes.remove()
 
   def should_save(self, step: int) -> bool:
     return self.manager.should_save(step)
@@ -112,12 +133,14 @@ class Checkpoints:
 
   def save(self, step: int, state: TrainState, data_state: dict, config: dict, force: bool = False) -> bool:
     """Starts an (async) save of `step`, recording `config` and the fingerprints restore verifies; a full disk
-    raises TrainError, earlier checkpoints stay intact."""
+    (here, or in the previous save, still being written) raises DiskFullError, earlier checkpoints stay intact."""
     record = dict(config, fingerprints=integrity.array_fingerprints(state),
                   data_fingerprint=integrity.json_fingerprint(data_state))
     args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                               data=ocp.args.JsonSave(wrap_data(data_state, record)))
-    return self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
+    started = self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
+    self._pending = step if started else self._pending
+    return started
 
   def wait(self) -> None:
     """Blocks until pending saves are on disk."""
@@ -127,12 +150,22 @@ class Checkpoints:
     try:
       return fn()
     except Exception as error:
-      if not _is_disk_full(error):
+      if not is_disk_full(error):
         raise
-      kept = [s for s in self.all_steps() if s != step]
-      raise TrainError(f"saving checkpoint{'' if step is None else f' step {step}'} under {self.directory} failed:"
-                       f" no space left on device. Earlier checkpoints {kept or '(none)'} are intact; free disk "
-                       "space or point --workdir elsewhere, then rerun the same command to resume.") from error
+      self.failed = True
+      try:
+        self.manager.reload()  # what is on disk now: a failed save leaves no step folder, only a *-tmp one
+        complete = self.all_steps()
+      except Exception:
+        complete = []
+      # An async save fails in the background and surfaces at the next save or wait: name the step that failed.
+      failed = self._pending if self._pending is not None and self._pending not in complete else step
+      where = f" step {failed}" if failed is not None else ""
+      kept = (f"checkpoint step {complete[-1]} is intact. " if complete else "no checkpoint was completed. ")
+      resume = f"resume from step {complete[-1]}" if complete else "start again"
+      raise DiskFullError(f"disk full: saving checkpoint{where} under {self.directory} failed (no space left on "
+                          f"device); {kept}Free disk space (or copy the workdir to a larger disk and point "
+                          f"--workdir there), then rerun the same command to {resume}.") from error
 
   def restore_latest(self, abstract, config: dict | None, allow_settings_change: bool = False,
                      allow_unverified: bool = False, step: int | None = None):

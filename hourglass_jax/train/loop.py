@@ -77,12 +77,9 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
     seconds, cache = time.perf_counter() - begin, compile_cache.counts() - cache
     perf = report_compiled(trainer, compiled, log)
     log(f"compile: {seconds:.1f} s ({compile_cache.describe(cache)})")
-    writer = metrics_lib.SummaryWriter(str(workdir), jax.process_index() == 0)
-    try:
+    with metrics_lib.SummaryWriter(str(workdir), jax.process_index() == 0) as writer:
       return dict(_train(trainer, compiled, perf, restored, checkpoints, signals, writer, log),
                   compile_seconds=seconds, compile_cache_hits=cache.hits, compile_saved_seconds=cache.saved_seconds)
-    finally:
-      writer.close()
 
 
 def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, signals: StopSignals,

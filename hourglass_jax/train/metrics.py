@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
 
 # Dense bf16 peak FLOP/s per JAX device (a TPU v2/v3 device is one core; v4 and later, one chip). First match wins.
 PEAK_FLOPS = (
@@ -107,10 +107,11 @@ def check_memory(needed: int | None, limit: int | None) -> None:
 
 
 class SummaryWriter:
-  """TensorBoard scalars in the workdir (process 0 only); a no-op elsewhere."""
+  """TensorBoard scalars in the workdir (process 0 only); a no-op elsewhere. A context manager: closing it on a full
+  disk raises DiskFullError, unless the run is already ending with an error, which is then the one reported."""
 
   def __init__(self, logdir: str, enabled: bool):
-    self._writer = None
+    self._writer, self.logdir = None, logdir
     if enabled:
       from tensorboardX import SummaryWriter as TBWriter
       self._writer = TBWriter(logdir=logdir, flush_secs=10)
@@ -127,7 +128,25 @@ class SummaryWriter:
 
   def close(self) -> None:
     if self._writer:
-      self._writer.close()
+      writer, self._writer = self._writer, None
+      try:
+        writer.close()
+      except OSError as error:
+        if not is_disk_full(error):
+          raise
+        raise DiskFullError(f"disk full: writing the TensorBoard summaries under {self.logdir} failed (no space "
+                            "left on device). Free disk space (or copy the workdir to a larger disk and point "
+                            "--workdir there), then rerun the same command to resume.") from error
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, error_type, *_):
+    try:
+      self.close()
+    except (OSError, TrainError):
+      if error_type is None:
+        raise
 
 
 def preformatted(text: str) -> str:

@@ -12,9 +12,11 @@ import jax
 
 # Exit codes of hourglass-train: 0 = finished; EXIT_PREEMPTED = stopped by SIGTERM / a preemption notice after
 # saving a checkpoint (relaunch or requeue the same command to resume; 75 is sysexits' EX_TEMPFAIL, "try again");
-# EXIT_INTERRUPTED = stopped by Ctrl-C after saving (the shell's code for SIGINT: do not requeue).
+# EXIT_INTERRUPTED = stopped by Ctrl-C after saving (the shell's code for SIGINT: do not requeue); EXIT_DISK_FULL =
+# a write under the workdir found no space (sysexits' EX_IOERR: requeueing cannot help until space is freed).
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130
+EXIT_DISK_FULL = 74
 
 
 class StopSignals:

@@ -19,7 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from hourglass_jax import paths
-from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
 
 HEARTBEAT_SECONDS = 60.0
 STALE_SECONDS = 600.0
@@ -54,14 +54,15 @@ class WorkdirLock:
 
   def __init__(self, workdir, log=print):
     self.path, self.log = paths.as_path(workdir) / "lock", log
-    self._stop, self._thread, self._record = threading.Event(), None, None
+    self._stop, self._thread, self._record, self._disk_full = threading.Event(), None, None, False
 
   def __enter__(self):
     error = self._acquire() if jax.process_index() == 0 else None
     refused = multihost_utils.broadcast_one_to_all(np.int32(error is not None)) if jax.process_count() > 1 else (
         error is not None)
     if refused:
-      raise TrainError(error or f"process 0 could not lock the workdir {self.path.parent}; see its log.")
+      raise (DiskFullError if self._disk_full else TrainError)(
+          error or f"process 0 could not lock the workdir {self.path.parent}; see its log.")
     if self._record is not None:
       self._thread = threading.Thread(target=self._beat, name="workdir-lock-heartbeat", daemon=True)
       self._thread.start()
@@ -111,7 +112,7 @@ class WorkdirLock:
                 "check that no other hourglass-train uses this workdir, then rerun.")
       return self._acquire(tries - 1)
     except OSError as error:
-      self._record = None
+      self._record, self._disk_full = None, is_disk_full(error)
       return (f"cannot write the lock file {self.path} ({error.strerror or error}); free disk space or fix the "
               "folder's permissions, or pass another --workdir.")
     return None
