@@ -4,7 +4,7 @@ setting."""
 
 from hourglass_jax.model.hourglass.predictors.base import (PREDICTORS, BoundaryPredictor, Decision, register,
                                                            resolve)
-from hourglass_jax.model.hourglass.predictors import whitespace, gumbel, routing, entropy  # noqa: F401  registers
+from hourglass_jax.model.hourglass.predictors import whitespace, gumbel, routing, entropy, every  # noqa: F401  registers
 
 BOUNDARY_PREDICTORS = tuple(key for key, cls in PREDICTORS.items() if cls.parse(key) is not None)
 INNER_PREDICTORS = tuple(key for key, cls in PREDICTORS.items() if cls.inner)
