@@ -3,7 +3,7 @@ whose shortened level pools dynamic segments (Nawrot et al. 2023 train a 2-8-2 l
 
     hourglass-train --config=configs/enwik8_dynamic.py:gumbel --workdir=...   (or :whitespace, :routing, :entropy)
 
-Two predictors (:whitespace,gumbel) nest two dynamic levels, 2@1 2@4 8@16 2@4 2@1.
+Two predictors (:whitespace,gumbel) nest two dynamic levels, 2@1 2@4 8@16 2@4 2@1 (one name per level).
 
 Our preset, not a reproduction of their runs; configs/dynamic.py explains the predictors."""
 
@@ -24,4 +24,4 @@ def _enwik8_config():
 def get_config(predictor: str = "gumbel"):
   cfg = _enwik8_config()
   cfg.model.update(hierarchy="2@1 8@4 2@1", dropout=0.1, segment_capacity=1.5)
-  return with_dynamic_shortening(cfg, predictor, "enwik8_dynamic", nested_hierarchy="2@1 2@4 8@16 2@4 2@1")
+  return with_dynamic_shortening(cfg, predictor, "enwik8_dynamic", inner_layers=(2, 8))

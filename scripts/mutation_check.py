@@ -55,7 +55,7 @@ MUTANTS = [
            "dynamic upsampling reads the still-open segment r_t instead of r_t - 1 (causality leak)",
            (T + "test_dynamic_pooling.py::test_a_position_depends_only_on_earlier_positions_and_boundaries",
             T + "test_dynamic_shortening.py::test_dynamic_shortening_is_causal")),
-    Mutant("dynamic_predictor_reads_next", "hourglass_jax/model/hourglass/dynamic_level.py",
+    Mutant("dynamic_predictor_reads_next", "hourglass_jax/model/hourglass/predictors/base.py",
            "jnp.concatenate([first_B[:, None], values_BxL[:, :-1]], axis=1)",
            "jnp.concatenate([values_BxL[:, 1:], first_B[:, None]], axis=1)",
            "routing / entropy predictors compare row t with row t+1 instead of t-1 (causality leak)",

@@ -10,7 +10,9 @@ import pytest
 
 from hourglass_jax.model import ModelConfig, build_model, counting
 from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
-from hourglass_jax.model.hourglass.dynamic_level import binomial_prior_loss, max_segments, ratio_loss
+from hourglass_jax.model.hourglass.dynamic_level import max_segments
+from hourglass_jax.model.hourglass.predictors.base import binomial_prior_loss
+from hourglass_jax.model.hourglass.predictors.routing import ratio_loss
 from hourglass_jax.testing import causality_violations
 from hourglass_jax.train.loop import bar_label
 from tests.helpers import (BATCH, SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, load_config,
@@ -146,8 +148,7 @@ def test_two_predictors_make_a_preset_of_two_dynamic_levels(name, single_routing
   assert load_config(name, "gumbel,routing").model.boundary_loss_weight == 1.0
   with pytest.raises(ValueError, match="level 2 reads the segments of the level above"):
     load_config(name, "gumbel,whitespace")
-  with pytest.raises(ValueError, match="names 3 predictors"):
-    load_config(name, "gumbel,gumbel,gumbel")
+  assert ModelConfig.from_dict(load_config(name, "gumbel,gumbel,gumbel").model).parsed_hierarchy.depth == 3
 
 
 def test_the_progress_bar_names_each_levels_metrics_apart():

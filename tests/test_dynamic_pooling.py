@@ -9,7 +9,7 @@ import pytest
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
                                                    segment_boundary_probs, segment_ends, segment_ids, smooth_segments,
                                                    straight_through_weights, upsample_segments, whitespace_boundaries)
-from hourglass_jax.model.hourglass.dynamic_level import ratio_loss
+from hourglass_jax.model.hourglass.predictors.routing import ratio_loss
 
 RNG = np.random.default_rng(0)
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hourglass_jax.model import build_model
+from hourglass_jax.model.hourglass.predictors import resolve
 from hourglass_jax.weights import load_params
 
 
@@ -65,7 +66,8 @@ def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[st
   cfg, levels = model.cfg, level_boundaries(model, params, text)
   lines = [marked(text, sum(closes.astype(int) for closes, _ in levels))]
   for level, ((_, cuts), predictor) in enumerate(zip(levels, cfg.level_predictors)):
-    evaluation = f", evaluation '{cfg.gumbel_evaluation}'" if predictor == "gumbel" else ""
+    evaluation = (f", evaluation '{cfg.gumbel_evaluation}'" if "gumbel_evaluation" in resolve(predictor)[0].settings()
+                  else "")
     unit = "bytes" if level == 0 else f"level-{level} segments"
     prefix = "" if len(levels) == 1 else f"level {level + 1} ({'|' * (level + 1)}): "
     lines.append(f"{prefix}{int(cuts.sum())} boundaries in {len(cuts)} {unit}: one per "

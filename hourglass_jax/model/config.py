@@ -41,7 +41,7 @@ class ModelConfig(BlockSettings):
   hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
   shorten: str = setting("attention_avg", function_of=("hourglass",))
   upsample: str = setting("attention_repeat", function_of=("hourglass",))
-  # shorten='dynamic': segment boundaries from `boundaries` (BOUNDARY_PREDICTORS; one name, or one per shortened
+  # shorten='dynamic': segment boundaries from `boundaries` (predictors/; one name, or one per shortened
   # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`,
   # but a run of `boundary_run_bytes` closes one, after its first byte (' ': an indentation stays in one segment).
   # Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
@@ -55,7 +55,7 @@ class ModelConfig(BlockSettings):
   # evaluation only, 'gumbel': cut where sigmoid(logit) > 1/2 ('threshold'), or draw as in training with noise fixed
   # per position ('sample': evaluation cuts at the training rate)
   gumbel_evaluation: str = "threshold"
-  boundary_loss_weight: float = 1.0  # training only: weight of the prior ('gumbel', 'entropy') or ratio loss ('routing')
+  boundary_loss_weight: float = 1.0  # training only: weight of the predictor's loss (a prior, H-Net's ratio loss)
   scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)
   layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))
   heads_per_scale: str = setting("", function_of=("bottomup", "retina"))

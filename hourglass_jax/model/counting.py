@@ -9,6 +9,7 @@ import dataclasses
 
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.dynamic_level import max_segments
+from hourglass_jax.model.hourglass.predictors import resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +59,8 @@ def _attention_tail(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int
 def _shorten(cfg: ModelConfig, k: int, length: int, level: int = 0) -> tuple[int, int]:
   d, short = cfg.d_model, length // k
   params, flops = 0, 0
-  if cfg.shorten == "dynamic":  # mean pooling; 'gumbel' adds its MLP (d -> d -> 1), 'routing' W_q and W_k,
-    v = cfg.vocab_size             # 'entropy' its head (d -> vocab) and threshold
-    params, flops = {"gumbel": (d * d + d + d + 1, 2 * length * (d * d + d)),
-                     "routing": (2 * d * d, 4 * length * d * d),
-                     "entropy": (d * v + v + 1, 2 * length * d * v)}.get(cfg.level_predictors[level], (0, 0))
+  if cfg.shorten == "dynamic":  # mean pooling, and what the level's predictor adds
+    params, flops = resolve(cfg.level_predictors[level])[0].cost(cfg, length)
     if cfg.segment_pooling == "linear":  # k matrices; each position is projected by all k, then one is kept
       params, flops = params + k * d * d + d, flops + 2 * length * k * d * d
     return params, flops

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic import byte_mask
+from hourglass_jax.model.hourglass.predictors import resolve
 from hourglass_jax.model.layer_config import check_dtype_runs_here
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
@@ -70,16 +70,8 @@ class HourglassLM(nn.Module):
     return logits_BxPxV[:, :length].astype(jnp.float32)
 
   def _from_tokens(self, tokens_BxL, targets: bool = False) -> dict:
-    """What a dynamic level takes from the tokens rather than from its stream, as the body's keywords: the
-    'whitespace' boundaries, and with `targets` (a whole sequence) the 'entropy' head's next tokens (-1 after the
-    last)."""
-    cfg = self.cfg
-    first = cfg.level_predictors[0] if cfg.dynamic else None  # the level that reads the bytes
-    if first == "whitespace":  # with run bytes the level merges runs, across decoding steps as well
-      boundaries = {"boundaries_BxL": byte_mask(tokens_BxL, cfg.boundary_bytes.encode("latin-1"))}
-      if cfg.boundary_run_bytes:
-        boundaries["runs_BxL"] = byte_mask(tokens_BxL, cfg.boundary_run_bytes.encode("latin-1"))
-      return boundaries
-    if first == "entropy" and targets:
-      return {"next_tokens_BxL": jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)), constant_values=-1)}
-    return {}
+    """What the outermost dynamic level's predictor reads from the tokens rather than from its stream, as the body's
+    keywords (`targets`: a whole sequence, not decoding)."""
+    if not self.cfg.dynamic:
+      return {}
+    return resolve(self.cfg.level_predictors[0])[0].from_tokens(self.cfg, tokens_BxL, targets)

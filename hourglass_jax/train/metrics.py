@@ -58,8 +58,8 @@ def mfu_above_peak(mfu: float, peak_per_device: float, peak_source: str) -> str 
 def boundary_rates_apart(train_metrics: dict, eval_metrics: dict, ratio: float = 2.0) -> dict[str, str]:
   """{metric: warning} for each learned level whose boundary rate (a sown `*/boundary_rate`) in evaluation is more
   than `ratio` times above or below its rate in training: its center then sees other segments than it trained on,
-  so the evaluation scores a different model. `gumbel` under the default threshold evaluation does this until its
-  logits are sure."""
+  so the evaluation scores a different model (a level that samples in training and thresholds in evaluation does
+  this until it is sure)."""
   warnings = {}
   for name, evaluated in eval_metrics.items():
     trained = train_metrics.get(name)
@@ -68,8 +68,8 @@ def boundary_rates_apart(train_metrics: dict, eval_metrics: dict, ratio: float =
     how = ("does not cut at all" if not evaluated else f"cuts {trained / evaluated:.1f}x less often than in training"
            if evaluated < trained else f"cuts {evaluated / trained:.1f}x more often than in training")
     warnings[name] = (f"{name} is {evaluated:.3g} in evaluation against {trained:.3g} in training: the level {how}, "
-                      "so the evaluation scores a different model. A 'gumbel' level under "
-                      "model.gumbel_evaluation='threshold' (the default) does this until its logits are sure; "
+                      "so the evaluation scores a different model. A level thresholded in evaluation "
+                      "(model.gumbel_evaluation='threshold', the default) does this until its logits are sure; "
                       "model.gumbel_evaluation='sample' evaluates with training's draw.")
   return warnings
 

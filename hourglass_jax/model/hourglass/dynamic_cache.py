@@ -2,14 +2,13 @@
 whole sequence).
 
 Per row the state holds 'completed' (segments closed so far, capped at M-1: the merged tail never closes), the
-float32 'sum' and 'size' of the open segment, and what the predictor needs of the token before: its routing 'key'
-('routing') or its next-token 'entropy' ('entropy'), whether there was one ('seen'), and whether it was a run
-byte ('run': 'whitespace' with run bytes, whose runs close one segment).
+float32 'sum' and 'size' of the open segment, and what the level's predictor keeps of the token before (its
+`new_state`, predictors/).
 
 A token first joins the open segment. If its boundary b_t closes the segment and the open one is not the merged
 tail, the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
 tokens, so the inner level runs row by row (a vmap), for the closing rows only, gathered in chunks
-(`Hourglass._close_segments`). The token then reads the newest completed segment's output, its own segment's when
+(`dynamic_body.close_segments`). The token then reads the newest completed segment's output, its own segment's when
 it closed one. With M counted from the cache length, decoding equals the forward pass over that many positions.
 """
 
@@ -19,11 +18,9 @@ import jax.numpy as jnp
 from hourglass_jax.model.hourglass.dynamic import completed_segments, pool_segments, segment_ids
 
 
-def new_segment_state(batch: int, d_model: int, dtype) -> dict:
+def new_segment_state(batch: int, d_model: int) -> dict:
   return {"sum": jnp.zeros((batch, d_model), jnp.float32), "size": jnp.zeros((batch,), jnp.int32),
-          "completed": jnp.zeros((batch,), jnp.int32), "key": jnp.zeros((batch, d_model), dtype),
-          "entropy": jnp.zeros((batch,), jnp.float32), "seen": jnp.zeros((batch,), bool),
-          "run": jnp.zeros((batch,), bool)}
+          "completed": jnp.zeros((batch,), jnp.int32)}
 
 
 def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int, lengths_B=None):
