@@ -42,12 +42,11 @@ def test_dynamic_step_benchmark_times_each_predictor_against_the_fixed_level(tmp
 
 @pytest.mark.slow
 def test_dynamic_decode_benchmark_matches_the_gumbel_rate_and_times_each_predictor(tmp_path):
-  record = dynamic_decode.main(["--rounds", "1", "--batches", "1,2", "--prompt", "8", "--steps", "64", "--model",
-                                TINY + ",hierarchy=1@1 1@4 1@1", "--results", str(tmp_path)])
-  rows = record["rows"]
-  assert set(rows) == {f"{name}_batch{b}" for name in ("fixed_avg_k4", "dynamic_whitespace", "dynamic_gumbel")
-                       for b in (1, 2)}
-  assert rows["fixed_avg_k4_batch1"]["time_vs_fixed"] == 1.0 and rows["fixed_avg_k4_batch2"]["center_steps"] == 0.25
+  record = dynamic_decode.main(["--rounds", "1", "--batches", "2", "--prompt", "8", "--steps", "64", "--model",
+                                TINY + ",hierarchy=1@1 1@4 1@1", "--results", str(tmp_path)])  # one batch size: the
+  rows = record["rows"]                                                 # same code at every size, a compile each
+  assert set(rows) == {f"{name}_batch2" for name in ("fixed_avg_k4", "dynamic_whitespace", "dynamic_gumbel")}
+  assert rows["fixed_avg_k4_batch2"]["time_vs_fixed"] == 1.0 and rows["fixed_avg_k4_batch2"]["center_steps"] == 0.25
   assert rows["fixed_avg_k4_batch2"]["center_rows"] == 0.25  # every row, once per k steps
   assert rows["dynamic_whitespace_batch2"]["center_rows"] <= rows["dynamic_whitespace_batch2"]["center_steps"]
   assert abs(rows["dynamic_gumbel_batch2"]["boundary_rate"] - 0.25) < 0.05  # the bias was matched to 1/k
