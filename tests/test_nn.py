@@ -247,6 +247,21 @@ def test_module_keyword_arguments_are_the_block_settings_of_model_config():
   assert [f.name for f in dataclasses.fields(hnn.LayerConfig)] == list(LAYER_FIELDS)
 
 
+def test_dynamic_level_keyword_arguments_are_the_dynamic_settings_of_model_config():
+  """Hourglass and DynamicShorten take the dynamic level's settings from the one declaration ModelConfig inherits:
+  the same names and defaults, and the LM forwards every one of them to its body."""
+  from hourglass_jax.model.hourglass.dynamic_level import DYNAMIC_FIELDS
+  from hourglass_jax.model.lm import build_body
+  model_defaults = {name: getattr(ModelConfig(), name) for name in DYNAMIC_FIELDS}
+  for module in (hnn.Hourglass, hnn.DynamicShorten):
+    assert {f.name: f.default for f in dataclasses.fields(module) if f.name in DYNAMIC_FIELDS} == model_defaults
+  changed = dict(boundaries="whitespace", segment_capacity=1.0, segment_pooling="linear", gumbel_temperature=0.7,
+                 gumbel_evaluation="sample", boundary_loss_weight=0.3)
+  assert set(changed) == set(DYNAMIC_FIELDS)
+  body = build_body(small_config(hierarchy="1@1 1@2 1@1", shorten="dynamic", upsample="repeat", **changed))
+  assert {name: getattr(body, name) for name in DYNAMIC_FIELDS} == changed
+
+
 def test_a_body_decodes_with_its_own_cache():
   """The public modules decode through `new_cache` and cache=/position=: a prompt then single rows equal the
   full pass at every position; a cache length that is no multiple of the shortening is refused."""

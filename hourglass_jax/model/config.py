@@ -8,7 +8,8 @@ from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIN
                                               REMAT_POLICIES, BlockSettings, LayerConfig, check_choice, check_int,
                                               check_layer_settings, check_types, setting)
 from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
-from hourglass_jax.model.hourglass.dynamic_level import (check_dynamic_level, check_dynamic_settings,
+from hourglass_jax.model.hourglass.dynamic_level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings,
+                                                        check_dynamic_level, check_dynamic_settings,
                                                         level_predictors)
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
@@ -17,14 +18,13 @@ from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
 MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
 SHORTEN = SHORTEN_METHODS  # fixed-factor methods; shorten may also be 'dynamic' (learned or given boundaries)
-DYNAMIC = "dynamic"
 UPSAMPLE = UPSAMPLE_METHODS
 __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLICIES", "UPSAMPLERS", "ModelConfig",
            "function_fields", "config_section_fields"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(BlockSettings):
+class ModelConfig(DynamicSettings, BlockSettings):
   """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
 
   The block settings (d_model, num_heads, d_ff, dropout, dtype, attention_impl, position, ...) and their defaults
@@ -41,21 +41,11 @@ class ModelConfig(BlockSettings):
   hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
   shorten: str = setting("attention_avg", function_of=("hourglass",))
   upsample: str = setting("attention_repeat", function_of=("hourglass",))
-  # shorten='dynamic': segment boundaries from `boundaries` (predictors/; one name, or one per shortened
-  # level outermost first, 'whitespace,gumbel'); 'whitespace' closes a segment after each byte in `boundary_bytes`,
-  # but a run of `boundary_run_bytes` closes one, after its first byte (' ': an indentation stays in one segment).
-  # Each row keeps segment_capacity x L/k segments (the rest: a merged tail).
-  boundaries: str = setting("gumbel", function_of=(DYNAMIC,))
+  # shorten='dynamic': the level's settings are `DynamicSettings`' (dynamic_level.py); 'whitespace' closes a
+  # segment after each byte in `boundary_bytes`, but a run of `boundary_run_bytes` closes one, after its first byte
+  # (' ': an indentation stays in one segment).
   boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
   boundary_run_bytes: str = setting("", function_of=(DYNAMIC,))
-  segment_capacity: float = setting(1.5, function_of=(DYNAMIC,))
-  # 'mean' averages a segment's vectors; 'linear' averages W_s x + b, a matrix per position s < k in the segment.
-  segment_pooling: str = setting("mean", function_of=(DYNAMIC,))
-  gumbel_temperature: float = 0.5  # training only: the relaxed Bernoulli's temperature
-  # evaluation only, 'gumbel': cut where sigmoid(logit) > 1/2 ('threshold'), or draw as in training with noise fixed
-  # per position ('sample': evaluation cuts at the training rate)
-  gumbel_evaluation: str = "threshold"
-  boundary_loss_weight: float = 1.0  # training only: weight of the predictor's loss (a prior, H-Net's ratio loss)
   scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)
   layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))
   heads_per_scale: str = setting("", function_of=("bottomup", "retina"))
@@ -144,8 +134,7 @@ class ModelConfig(BlockSettings):
 
 
 # Read only by a dynamic level: set on another model, they would be ignored without a word.
-DYNAMIC_ONLY_FIELDS = ("boundaries", "boundary_bytes", "boundary_run_bytes", "segment_capacity", "segment_pooling",
-                       "gumbel_temperature", "gumbel_evaluation", "boundary_loss_weight")
+DYNAMIC_ONLY_FIELDS = DYNAMIC_FIELDS + ("boundary_bytes", "boundary_run_bytes")
 
 
 def without_dynamic_settings(fields: dict) -> dict:

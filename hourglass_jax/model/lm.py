@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
+from hourglass_jax.model.hourglass.dynamic_level import dynamic_options
 from hourglass_jax.model.hourglass.predictors import resolve
 from hourglass_jax.model.layer_config import check_dtype_runs_here
 from hourglass_jax.model.layers import dense
@@ -19,10 +20,7 @@ def build_body(cfg: ModelConfig, name: str = "body"):
   options = cfg.layer_config.options()
   if cfg.kind in ("hourglass", "vanilla"):
     return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample,
-                     boundaries=cfg.boundaries, segment_capacity=cfg.segment_capacity,
-                     gumbel_temperature=cfg.gumbel_temperature, boundary_loss_weight=cfg.boundary_loss_weight,
-                     boundary_vocab=cfg.vocab_size, segment_pooling=cfg.segment_pooling,
-                     gumbel_evaluation=cfg.gumbel_evaluation, **options, name=name)
+                     boundary_vocab=cfg.vocab_size, **dynamic_options(cfg), **options, name=name)
   if cfg.kind == "topdown":
     return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
                    upsampler=cfg.upsampler, **options, name=name)

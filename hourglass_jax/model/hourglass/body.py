@@ -14,9 +14,10 @@ import numpy as np
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.checks import is_checkable
 from hourglass_jax.model.hourglass import dynamic_body, fixed_body
-from hourglass_jax.model.hourglass.dynamic_level import DynamicShorten, check_dynamic_level
+from hourglass_jax.model.hourglass.dynamic_level import (DynamicSettings, DynamicShorten, check_dynamic_level,
+                                                         dynamic_options)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields
 from hourglass_jax.model.layers import DecoderStack
 from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 
@@ -71,7 +72,7 @@ def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> 
   return size
 
 
-class Hourglass(LayerOptions):
+class Hourglass(module_fields(DynamicSettings), LayerOptions):
   """x [B, L, D] -> y [B, L, D], causal: y[:, t] depends only on x[:, :t+1]. Any L (padded at the end inside).
 
   `hierarchy` is the level notation ('2@1 4@3 2@1': 2 layers at full resolution, 4 at 1/3, 2 back at full; a
@@ -92,13 +93,7 @@ class Hourglass(LayerOptions):
   shorten: str = "attention_avg"
   upsample: str = "attention_repeat"
   outer_factor: int = 1
-  boundaries: str = "gumbel"
-  segment_capacity: float = 1.5
-  gumbel_temperature: float = 0.5
-  boundary_loss_weight: float = 1.0
-  boundary_vocab: int = 256
-  segment_pooling: str = "mean"
-  gumbel_evaluation: str = "threshold"
+  boundary_vocab: int = 256  # shorten='dynamic': the tokens a predictor that predicts them reads ('entropy')
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
@@ -136,10 +131,8 @@ class Hourglass(LayerOptions):
     return check_dynamic_level(hierarchy, self.upsample, self.boundaries, "Hourglass.")
 
   def _dynamic_shorten(self, hierarchy, options):
-    return DynamicShorten(factor=hierarchy.relative_factor(0), boundaries=self._predictors(hierarchy)[0],
-                          segment_capacity=self.segment_capacity, gumbel_temperature=self.gumbel_temperature,
-                          boundary_loss_weight=self.boundary_loss_weight, vocab_size=self.boundary_vocab,
-                          segment_pooling=self.segment_pooling, gumbel_evaluation=self.gumbel_evaluation, **options,
+    return DynamicShorten(factor=hierarchy.relative_factor(0), vocab_size=self.boundary_vocab,
+                          **dict(dynamic_options(self), boundaries=self._predictors(hierarchy)[0]), **options,
                           name="shorten")
 
   def _stack(self, num_layers: int, name: str, options):
@@ -152,10 +145,8 @@ class Hourglass(LayerOptions):
   def _inner(self, hierarchy, options):
     dynamic = {}
     if self.shorten == "dynamic" and hierarchy.depth > 1:  # the next levels' predictors and settings
-      dynamic = dict(boundaries=",".join(self._predictors(hierarchy)[1:]), segment_capacity=self.segment_capacity,
-                     gumbel_temperature=self.gumbel_temperature, boundary_loss_weight=self.boundary_loss_weight,
-                     boundary_vocab=self.boundary_vocab, segment_pooling=self.segment_pooling,
-                     gumbel_evaluation=self.gumbel_evaluation)
+      dynamic = dict(dynamic_options(self), boundaries=",".join(self._predictors(hierarchy)[1:]),
+                     boundary_vocab=self.boundary_vocab)
     return Hourglass(hierarchy=str(hierarchy.inner()), shorten=self.shorten, upsample=self.upsample,
                      outer_factor=self.outer_factor * hierarchy.relative_factor(0), **dynamic, **options,
                      name="inner")

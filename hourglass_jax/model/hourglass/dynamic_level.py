@@ -4,6 +4,7 @@ decisions -> segments -> their means (`DynamicShorten`), and each position's las
 ('boundaries') in predictors/, one module each.
 """
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -17,10 +18,37 @@ from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segm
                                                    upsample_segments)
 from hourglass_jax.model.hourglass.predictors import INNER_PREDICTORS, PREDICTORS, resolve
 from hourglass_jax.model.hourglass.predictors.base import masked_mean, valid_positions
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int, module_fields, setting
 from hourglass_jax.model.layers import layer_norm
 
 SEGMENT_POOLINGS = ("mean", "linear")
+DYNAMIC = "dynamic"  # shorten='dynamic', and the kind of function these settings change
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DynamicSettings:
+  """A dynamic level's settings, declared once: `ModelConfig` inherits them, `Hourglass` and `DynamicShorten` take
+  them as keyword arguments (`module_fields`). `boundaries`: the predictor (predictors/), one name or one per
+  shortened level outermost first ('whitespace,gumbel'); each row keeps `segment_capacity` x L/k segments (the rest:
+  a merged tail); `segment_pooling` 'mean' averages a segment's vectors, 'linear' averages W_s x + b, a matrix per
+  position s < k in the segment. Training only: `gumbel_temperature` (the relaxed Bernoulli's) and
+  `boundary_loss_weight` (of the predictor's loss: a prior, H-Net's ratio loss). Evaluation only, 'gumbel':
+  `gumbel_evaluation` cuts where sigmoid(logit) > 1/2 ('threshold'), or draws as in training with noise fixed per
+  position ('sample': evaluation cuts at the training rate)."""
+  boundaries: str = setting("gumbel", function_of=(DYNAMIC,))
+  segment_capacity: float = setting(1.5, function_of=(DYNAMIC,))
+  segment_pooling: str = setting("mean", function_of=(DYNAMIC,))
+  gumbel_temperature: float = 0.5
+  gumbel_evaluation: str = "threshold"
+  boundary_loss_weight: float = 1.0
+
+
+DYNAMIC_FIELDS = tuple(f.name for f in dataclasses.fields(DynamicSettings))
+
+
+def dynamic_options(settings) -> dict:
+  """`settings`' dynamic-level settings as keyword arguments."""
+  return {name: getattr(settings, name) for name in DYNAMIC_FIELDS}
 
 
 def max_segments(length: int, factor: int, capacity: float) -> int:
@@ -103,7 +131,7 @@ def check_dynamic_level(hierarchy, upsample: str, boundaries: str, prefix: str) 
   return level_predictors(boundaries, hierarchy.depth, f"{prefix}boundaries")
 
 
-class DynamicShorten(LayerOptions):
+class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at the boundaries of the
   predictor `boundaries` names (predictors/: learned from x, or given as `inputs`, e.g. 'whitespace' takes
   `boundaries_BxL`, bool [B, L], and `runs_BxL`). `factor` is the target average segment length;
@@ -126,13 +154,7 @@ class DynamicShorten(LayerOptions):
   counts only each row's first lengths_B positions in the losses and metrics.
   """
   factor: int = 4
-  boundaries: str = "gumbel"
-  segment_capacity: float = 1.5
-  gumbel_temperature: float = 0.5
-  boundary_loss_weight: float = 1.0
   vocab_size: int = 256  # a predictor that predicts the tokens ('entropy')
-  segment_pooling: str = "mean"
-  gumbel_evaluation: str = "threshold"
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, previous=None, positions_L=None, lengths_B=None,
