@@ -33,16 +33,6 @@ def flatten(params) -> dict[str, np.ndarray]:
   return {key: np.asarray(value) for key, value in traverse_util.flatten_dict(nn.meta.unbox(params), sep="/").items()}
 
 
-def unflatten(flat: Mapping[str, np.ndarray]) -> dict:
-  return traverse_util.unflatten_dict(dict(flat), sep="/")
-
-
-def _model_dict(model_cfg) -> dict:
-  """Every field of the validated model config (defaults included, so a later default cannot change its meaning)."""
-  cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
-  return dataclasses.asdict(cfg)
-
-
 def checksum(array) -> str:
   """SHA-256 of an array's bytes as the file stores them (C order), its dtype and shape."""
   array = np.ascontiguousarray(array)
@@ -66,9 +56,11 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   flat = flatten(params)
   if dtype is not None:
     flat = {k: v.astype(dtype, copy=False) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in flat.items()}
+  # Every field of the validated model config, defaults included, so a later default cannot change its meaning.
+  model_cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
   card = dict(format=FORMAT, format_version=FORMAT_VERSION, hourglass_jax_version=__version__, step=step,
               seq_len=seq_len, num_params=int(sum(v.size for v in flat.values())),
-              weights_dtype=dtype or str(next(iter(flat.values())).dtype), model=_model_dict(model_cfg),
+              weights_dtype=dtype or str(next(iter(flat.values())).dtype), model=dataclasses.asdict(model_cfg),
               checksums={key: checksum(value) for key, value in sorted(flat.items())})
   text = json.dumps(card, indent=2)
   out = paths.as_path(output_dir)
@@ -231,4 +223,4 @@ def load_params(path, **overrides):
                        f"{_AGAIN}.")
   # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
   flat = {key: value.astype(expected[key].dtype, copy=False) for key, value in stored.items()}
-  return model, unflatten(flat)
+  return model, traverse_util.unflatten_dict(flat, sep="/")

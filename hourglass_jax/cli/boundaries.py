@@ -44,11 +44,6 @@ def level_boundaries(model, params, text: bytes) -> list[np.ndarray]:
   return levels
 
 
-def boundaries_of(model, params, text: bytes) -> np.ndarray:
-  """bool [len(text)]: the (outermost) dynamic level's boundary after each byte, in evaluation mode."""
-  return level_boundaries(model, params, text)[0][0]
-
-
 def marked(text: bytes, depth) -> str:
   """The text with '|' after every byte that closes a segment, '||' where a nested level's segment closes too, and
   so on (`depth`: the levels closing after each byte, or bool; bytes shown as Latin-1, newlines as '⏎')."""
