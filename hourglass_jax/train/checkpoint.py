@@ -45,37 +45,6 @@ def unwrap_data(data) -> tuple[object, dict | None]:
   return data, None
 
 
-class _QuietDiskFull(logging.Filter):
-  """Drops Orbax's background-thread log records (a traceback each, dozens per failed save) about a full disk:
-  `Checkpoints` reports that itself, in one line naming the folder and the fix."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    error = record.exc_info[1] if record.exc_info else None
-    return not (is_disk_full(error) or "No space left on device" in record.getMessage())
-
-
-class _QuietAbandonedWrites:
-  """A `sys.unraisablehook` that drops the "Event loop is closed" RuntimeErrors of a failed async save: the first
-  write that fails ends Orbax's event loop while its sibling TensorStore writes are in flight, and each of those,
-  when it completes, fails to reach the closed loop and is printed as a traceback (dozens per save). The failure
-  itself is reported by `Checkpoints`; anything else goes to the previous hook."""
-
-  def __init__(self):
-    self.previous = None
-
-  def __call__(self, unraisable) -> None:
-    error = unraisable.exc_value
-    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
-      self.previous(unraisable)
-
-  def install(self) -> None:
-    self.previous, sys.unraisablehook = sys.unraisablehook, self
-
-  def remove(self) -> None:
-    if sys.unraisablehook is self:
-      sys.unraisablehook = self.previous
-
-
 def array_shapes(tree) -> dict[str, tuple[int, ...]]:
   """{'params/body/.../kernel': shape} for arrays or their metadata, whatever the container types."""
   return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
@@ -99,12 +68,12 @@ class Checkpoints:
     # The PyTree handler writes what the standard one does and can also restore the params alone.
     handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-    self._records, self._quiet, self._quiet_writes = {}, _QuietDiskFull(), _QuietAbandonedWrites()
+    self._records, self._previous_hook = {}, None
     self._pending, self.failed = None, False  # the step of the last save started; whether a save ran out of space
 
   def __enter__(self):
-    logging.getLogger("absl").addFilter(self._quiet)
-    self._quiet_writes.install()
+    logging.getLogger("absl").addFilter(self._quiet_disk_full)
+    self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._quiet_abandoned_writes
     self.manager.__enter__()
     return self
 
@@ -118,15 +87,25 @@ class Checkpoints:
       if error_type is None:
         raise  # else the error leaving the block (a failed save's, say) is the one to report, not its echo here
     finally:
-      logging.getLogger("absl").removeFilter(self._quiet)
-      if not self.failed:  # after a failed save, abandoned writes keep completing: the hook stays
-        self._quiet_writes.remove()
+      logging.getLogger("absl").removeFilter(self._quiet_disk_full)
+      # After a failed save, abandoned writes keep completing: the hook stays.
+      if not self.failed and sys.unraisablehook == self._quiet_abandoned_writes:
+        sys.unraisablehook = self._previous_hook
 
-  def should_save(self, step: int) -> bool:
-    return self.manager.should_save(step)
+  def _quiet_disk_full(self, record: logging.LogRecord) -> bool:
+    """absl's log filter while open: drops Orbax's background-thread records (a traceback each, dozens per failed
+    save) about a full disk, which `save` and `wait` report in one line naming the folder and the fix."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (is_disk_full(error) or "No space left on device" in record.getMessage())
 
-  def reached_preemption(self, step: int) -> bool:
-    return self.manager.reached_preemption(step)
+  def _quiet_abandoned_writes(self, unraisable) -> None:
+    """`sys.unraisablehook` while open: drops the "Event loop is closed" RuntimeErrors of a failed async save (the
+    first write that fails ends Orbax's event loop while its sibling TensorStore writes are in flight, and each of
+    those, when it completes, fails to reach the closed loop and is printed as a traceback: dozens per save). The
+    failure itself is reported by `save` and `wait`; anything else goes to the previous hook."""
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+      self._previous_hook(unraisable)
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -271,13 +250,11 @@ class Checkpoints:
               f"{', '.join(altered[:3])}), so its files were altered after saving")
     return None
 
-  def check_compatible(self, step: int | None, abstract, config: dict | None,
-                       allow_settings_change: bool = False) -> None:
-    """Raises TrainError when checkpoint `step` (default: the newest) holds arrays of other names or shapes than
-    `abstract` (a TrainState, or its params alone: then only they are compared), and ValueError when it records
-    function-changing model settings other than `config`'s (unless allowed)."""
-    step = step if step is not None else (self.all_steps() or [None])[-1]
-    if step is None or abstract is None:
+  def check_compatible(self, step: int, abstract, config: dict | None, allow_settings_change: bool = False) -> None:
+    """Raises TrainError when checkpoint `step` holds arrays of other names or shapes than `abstract` (a TrainState,
+    or its params alone: then only they are compared), and ValueError when it records function-changing model
+    settings other than `config`'s (unless allowed)."""
+    if abstract is None:
       return
     try:
       saved_model = self.record(step).get("model", {})

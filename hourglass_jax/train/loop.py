@@ -142,8 +142,8 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
       drain()
       pending = (step, device_metrics)
       summary["step"] = step
-      stop = signals.requested or (checkpoints.reached_preemption(step) and "preemption")
-      if stop or step == total or checkpoints.should_save(step):
+      stop = signals.requested or (checkpoints.manager.reached_preemption(step) and "preemption")
+      if stop or step == total or checkpoints.manager.should_save(step):
         drain()  # a checkpoint is written only after its step's loss, gradients and update were checked finite
         checkpoints.save(step, state, batches.get_state(), record, force=True)
         saved = step
