@@ -126,27 +126,21 @@ class SummaryWriter:
     if self._writer:
       self._writer.add_text(name, preformatted(value), step)
 
-  def close(self) -> None:
-    if self._writer:
-      writer, self._writer = self._writer, None
-      try:
-        writer.close()
-      except OSError as error:
-        if not is_disk_full(error):
-          raise
-        raise DiskFullError(f"disk full: writing the TensorBoard summaries under {self.logdir} failed (no space "
-                            "left on device). Free disk space (or copy the workdir to a larger disk and point "
-                            "--workdir there), then rerun the same command to resume.") from error
-
   def __enter__(self):
     return self
 
   def __exit__(self, error_type, *_):
     try:
-      self.close()
-    except (OSError, TrainError):
-      if error_type is None:
+      if self._writer:
+        self._writer.close()
+    except OSError as error:
+      if error_type is not None:
+        return  # the error ending the run is the one reported
+      if not is_disk_full(error):
         raise
+      raise DiskFullError(f"disk full: writing the TensorBoard summaries under {self.logdir} failed (no space "
+                          "left on device). Free disk space (or copy the workdir to a larger disk and point "
+                          "--workdir there), then rerun the same command to resume.") from error
 
 
 def preformatted(text: str) -> str:
