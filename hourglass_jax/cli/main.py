@@ -39,7 +39,7 @@ def _parse_flags(argv):
     sys.exit(f"error: bad --config override: {one_line(error)}")
 
 
-def _setup(level=absl_logging.WARNING):
+def _setup(level):
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU hosts
   if not flags.FLAGS["verbosity"].present:
     absl_logging.set_verbosity(level)  # Orbax logs every file it writes at INFO
@@ -105,10 +105,22 @@ def _run_reader(fn, what: str):
     sys.exit(preemption.EXIT_INTERRUPTED)
 
 
-def _train(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  _setup()
+def _start(command, text: str, names, required=("config", "workdir"), level=absl_logging.ERROR) -> None:
+  """Runs `command()` after `_setup(level)`, as a program without positional arguments whose --help shows `text` and
+  the flags `names` (the default level suits the readers: a read-only checkpoint manager warns that it is one)."""
+  usage.declare(text, names)
+  flags.mark_flags_as_required(list(required))
+
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _setup(level)
+    command()
+
+  app.run(main, flags_parser=_parse_flags)
+
+
+def _train():
   from hourglass_jax.train.loop import train_and_evaluate
 
   def train():
@@ -149,10 +161,7 @@ def _print_next_steps() -> None:
                    dataset_kind(_CONFIG.value.data.name) == "text", bin_dir), flush=True)
 
 
-def _eval(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
+def _eval():
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
   _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value,
@@ -160,15 +169,11 @@ def _eval(argv):
 
 
 def train_entry():
-  usage.declare(usage.TRAIN, usage.TRAIN_FLAGS)
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(_train, flags_parser=_parse_flags)
+  _start(_train, usage.TRAIN, usage.TRAIN_FLAGS, level=absl_logging.WARNING)
 
 
 def eval_entry():
-  usage.declare(usage.EVAL, usage.EVAL_FLAGS)
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(_eval, flags_parser=_parse_flags)
+  _start(_eval, usage.EVAL, usage.EVAL_FLAGS)
 
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "hourglass-data: TFDS data directory (default $TFDS_DATA_DIR, "
@@ -196,10 +201,7 @@ def data_entry():
   app.run(_data, flags_parser=_parse_flags)
 
 
-def _sample(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
+def _sample():
   from hourglass_jax.cli import sample_flags
 
   _run_reader(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value),
@@ -209,15 +211,10 @@ def _sample(argv):
 def sample_entry():
   from hourglass_jax.cli import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
 
-  usage.declare(usage.SAMPLE, usage.SAMPLE_FLAGS)
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(_sample, flags_parser=_parse_flags)
+  _start(_sample, usage.SAMPLE, usage.SAMPLE_FLAGS)
 
 
-def _export(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  _setup(absl_logging.ERROR)  # a read-only checkpoint manager warns that it is read-only
+def _export():
   from hourglass_jax.cli import export_flags
 
   _run_reader(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
@@ -229,9 +226,7 @@ def export_entry():
   safetensors with a JSON model card (docs/weights.md)."""
   from hourglass_jax.cli import export_flags  # noqa: F401  defines --output, --step, --dtype, for hourglass-export only
 
-  usage.declare(usage.EXPORT, usage.EXPORT_FLAGS)
-  flags.mark_flags_as_required(["workdir", "output"])
-  app.run(_export, flags_parser=_parse_flags)
+  _start(_export, usage.EXPORT, usage.EXPORT_FLAGS, required=("workdir", "output"))
 
 
 if __name__ == "__main__":
