@@ -111,10 +111,9 @@ def check_batch_split(cfg: ml_collections.ConfigDict, parallelism: int, process_
   """The (micro-)batch must split evenly over the data-parallel devices and the processes."""
   micro = cfg.data.batch_size // cfg.train.grad_accum_steps
   if micro % parallelism:
-    fix = (f"use a multiple of {parallelism * cfg.train.grad_accum_steps}" if cfg.train.grad_accum_steps > 1
-           else f"use a multiple of {parallelism}")
     raise ValueError(f"data.batch_size={cfg.data.batch_size} (micro-batch {micro}) is not divisible by the "
-                     f"{parallelism} data-parallel devices (mesh data x fsdp); {fix} or change the mesh.")
+                     f"{parallelism} data-parallel devices (mesh data x fsdp); use a multiple of "
+                     f"{parallelism * cfg.train.grad_accum_steps} or change the mesh.")
   if cfg.data.batch_size % process_count:
     raise ValueError(f"data.batch_size={cfg.data.batch_size} is not divisible by the {process_count} processes.")
 

@@ -59,7 +59,3 @@ def state_layout(init_fn: Callable[[], Any], mesh, rules) -> tuple[Any, Any]:
 def create_state(init_fn: Callable[[], TrainState], shardings: TrainState) -> TrainState:
   """The initial state, each array created directly in its shards."""
   return jax.jit(lambda: unbox(init_fn()), out_shardings=shardings)()
-
-
-def num_params(abstract: TrainState) -> int:
-  return sum(leaf.size for leaf in jax.tree.leaves(abstract.params))

@@ -58,9 +58,7 @@ class WorkdirLock:
 
   def __enter__(self):
     error = self._acquire() if jax.process_index() == 0 else None
-    refused = multihost_utils.broadcast_one_to_all(np.int32(error is not None)) if jax.process_count() > 1 else (
-        error is not None)
-    if refused:
+    if multihost_utils.broadcast_one_to_all(np.int32(error is not None)):
       raise (DiskFullError if self._disk_full else TrainError)(
           error or f"process 0 could not lock the workdir {self.path.parent}; see its log.")
     if self._record is not None:
@@ -119,7 +117,7 @@ class WorkdirLock:
 
   def _write(self, exclusive: bool = False) -> None:
     text = json.dumps(self._record | {"heartbeat": time.time()})
-    if str(self.path).startswith(("gs://", "s3://")):
+    if paths.is_remote(self.path):
       self.path.write_text(text)  # one object write: readers see the old or the new record, whole
     elif exclusive:
       fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
