@@ -88,7 +88,7 @@ def main():
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _quiet()
+    usage.quiet_logs()
     try:
       data = text.value.encode("utf-8")
     except UnicodeEncodeError:
@@ -100,17 +100,6 @@ def main():
       sys.exit(f"error: {error}")
 
   app.run(run)
-
-
-def _quiet() -> None:
-  """Warnings only: jax logs the accelerator backends it looks for at INFO (pass --verbosity=0 to see them)."""
-  import logging
-
-  from absl import flags, logging as absl_logging
-
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-  if not flags.FLAGS["verbosity"].present:
-    absl_logging.set_verbosity(absl_logging.WARNING)
 
 
 if __name__ == "__main__":

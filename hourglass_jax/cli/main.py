@@ -1,7 +1,6 @@
 """Command-line entry points (absl flags + ml_collections config files): hourglass-train, hourglass-eval,
 hourglass-data, hourglass-sample, hourglass-export."""
 
-import logging
 import os
 import sys
 import traceback
@@ -40,9 +39,7 @@ def _parse_flags(argv):
 
 
 def _setup(level):
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" noise on CPU/GPU hosts
-  if not flags.FLAGS["verbosity"].present:
-    absl_logging.set_verbosity(level)  # Orbax logs every file it writes at INFO
+  usage.quiet_logs(level)
   from hourglass_jax import distributed
 
   host_memory.configure(_HOST_MALLOC.value)  # before any backend starts: threads bind malloc arenas at start
@@ -188,8 +185,7 @@ def _data(argv):
 
     raise app.UsageError(f"usage: hourglass-data prepare NAME [--manual_dir=DIR] [--data_dir=DIR]; NAME is one of "
                          f"{', '.join(DATASETS)}.")
-  if not flags.FLAGS["verbosity"].present:
-    absl_logging.set_verbosity(absl_logging.WARNING)
+  usage.quiet_logs()
   from hourglass_jax.data.prepare import prepare_command
 
   _run(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")

@@ -1,9 +1,11 @@
 """What `--help` shows for each command: its purpose, an example and its own flags, one line each (absl key flags of
-the main module); `--helpfull` keeps every flag, absl's and jax's included."""
+the main module); `--helpfull` keeps every flag, absl's and jax's included. And the log level every command sets."""
 
+import logging
 import sys
 
 from absl import flags
+from absl import logging as absl_logging
 
 _CONFIG_OVERRIDES = "Any config field is a flag too: --config.SECTION.FIELD=VALUE (docs/training.md)."
 
@@ -61,3 +63,11 @@ def declare(text: str, names) -> None:
   sys.modules["__main__"].__doc__ = text + "\n"
   for name in names:
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+
+
+def quiet_logs(level=absl_logging.WARNING) -> None:
+  """Logs from `level` up unless --verbosity is given (Orbax logs every file it writes at INFO), and never jax's
+  INFO list of the accelerator backends it looks for ("no TPU found" on CPU/GPU hosts)."""
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  if not flags.FLAGS["verbosity"].present:
+    absl_logging.set_verbosity(level)
