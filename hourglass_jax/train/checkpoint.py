@@ -32,11 +32,6 @@ FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
 UNVERIFIED_OVERRIDE = "--config.checkpoint.allow_unverified=True"
 
 
-def wrap_data(data_state: dict, record: dict) -> dict:
-  """The 'data' item of a format-2 checkpoint."""
-  return {FORMAT_KEY: FORMAT_VERSION, "iterator": data_state, "record": record}
-
-
 def unwrap_data(data) -> tuple[object, dict | None]:
   """(the data position, the record saved beside it, or None for the older format)."""
   if isinstance(data, dict) and FORMAT_KEY in data:
@@ -115,8 +110,8 @@ class Checkpoints:
     (here, or in the previous save, still being written) raises DiskFullError, earlier checkpoints stay intact."""
     record = dict(config, fingerprints=integrity.array_fingerprints(state),
                   data_fingerprint=integrity.json_fingerprint(data_state))
-    args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
-                              data=ocp.args.JsonSave(wrap_data(data_state, record)))
+    args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(
+        {FORMAT_KEY: FORMAT_VERSION, "iterator": data_state, "record": record}))
     started = self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
     self._pending = step if started else self._pending
     return started

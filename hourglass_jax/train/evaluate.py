@@ -61,10 +61,9 @@ def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0) -> 
 
 def describe(result: dict, split: str) -> str:
   scope = "whole split" if result["whole_split"] else f"first {result['batches']} batches"
-  protocol = result.get("protocol", "windows")
-  what = protocol if protocol in ("images", "windows") else f"{protocol} windows"
-  sown = "".join(f"; {name} {value:.4g}" for name, value in result.get("metrics", {}).items())
-  return (f"{split} bits/{result.get('unit', 'byte')} {result['bits']:.4f} (loss {result['loss']:.4f} nats; "
+  what = result["protocol"] if result["protocol"] in ("images", "windows") else f"{result['protocol']} windows"
+  sown = "".join(f"; {name} {value:.4g}" for name, value in result["metrics"].items())
+  return (f"{split} bits/{result['unit']} {result['bits']:.4f} (loss {result['loss']:.4f} nats; "
           f"{result['windows']:,} {what}, {result['tokens']:,} scored tokens, {scope}{sown})")
 
 

@@ -87,14 +87,13 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
   cfg, total = trainer.cfg, trainer.cfg.train.steps
   record = config_record(cfg)
   unit = "dim" if sources.dataset_kind(cfg.data.name) == "image" else "byte"  # bits per dim for images
+  batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
   if restored:
     state, data_state, start = restored
+    batches.set_state(data_state)
     log(f"resuming from step {start} (checkpoint in {checkpoints.directory})")
   else:
-    state, data_state, start = trainer.init_state(), None, 0
-  batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
-  if data_state:
-    batches.set_state(data_state)
+    state, start = trainer.init_state(), 0
   summary = dict(start_step=start, step=start, losses={}, eval=None, stopped="done", sample=None)
   tokens_per_step = trainer.batch_size * trainer.seq_len
   meter, pending, saved = _Meter(), None, (checkpoints.all_steps() or [None])[-1]

@@ -1,5 +1,7 @@
 """What a run prints before its first step: model size, FLOPs per step, compiled memory, and the MFU peak."""
 
+import shlex
+
 import jax
 
 from hourglass_jax.model import ModelConfig
@@ -49,8 +51,6 @@ def next_steps(config: str, workdir: str, overrides=(), text: bool = True, bin_d
   """What a finished run prints last: where its checkpoints and TensorBoard logs are and the commands that sample,
   evaluate and export it (`config`: the --config argument, `overrides`: the --config.* arguments the run had,
   `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
-  import shlex  # pylint: disable=import-outside-toplevel
-
   run = " ".join(shlex.quote(arg) for arg in (f"--config={config}", f"--workdir={workdir}", *overrides))
   command = lambda name: shlex.quote(f"{bin_dir}/{name}" if bin_dir else name)
   prompt = " --prompt='def '" if text else ""
