@@ -2,7 +2,6 @@
 `hourglass-eval`'s evaluation of a checkpoint."""
 
 import math
-import weakref
 
 import jax
 import ml_collections
@@ -10,26 +9,7 @@ import ml_collections
 from hourglass_jax import sharding
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.train.checkpoint import read_params
-from hourglass_jax.train.step import token_losses_and_sown
 from hourglass_jax.train.trainer import Evaluator
-
-_STEPS = weakref.WeakKeyDictionary()  # evaluator (or trainer) -> its jitted per-position weighted eval step
-
-
-def weighted_eval_step(evaluator: Evaluator):
-  """`step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens, rows}, sown metrics)`: only predictions with
-  weight 1 count, so overlapping eval windows (sliding, long_context) score each byte once; `rows` counts the
-  windows that score any. The sown metrics (a dynamic level's boundary_rate...) are the batch's, as in training."""
-  if evaluator not in _STEPS:
-    def eval_step(params, tokens_BxL1, weights_BxL):
-      losses_BxL, _, sown = token_losses_and_sown(evaluator.model, params, tokens_BxL1, evaluator.rules)
-      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum(),
-                  rows=(weights_BxL.sum(axis=1) > 0).sum()), sown
-
-    _STEPS[evaluator] = jax.jit(eval_step, out_shardings=sharding.replicated(evaluator.mesh), in_shardings=(
-        evaluator.param_shardings, evaluator.batch_sharding, evaluator.batch_sharding),
-        compiler_options=evaluator.compiler_options)
-  return _STEPS[evaluator]
 
 
 def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0) -> dict:
@@ -39,7 +19,7 @@ def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0) -> 
   eval_iterator) adds no rate of its own."""
   source = evaluator.eval_source(split)
   batches = pipeline.num_eval_batches(source, evaluator.batch_size, max_batches)
-  step, outs, sown = weighted_eval_step(evaluator), [], []
+  step, outs, sown = evaluator.eval_step, [], []
   for tokens, weights in pipeline.eval_iterator(source, evaluator.batch_size, evaluator.rows, max_batches):
     out, metrics = step(params, evaluator.global_array(tokens), evaluator.global_array(weights))
     outs.append(out)

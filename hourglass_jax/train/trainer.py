@@ -1,6 +1,8 @@
-"""A config's compiled pieces on a mesh: `Evaluator` (model, parameter layout, batch sharding, eval splits: no
-optimizer, no train step, no train split) and `Trainer` (adds the train split, optimizer, state layout and the
-jitted train step)."""
+"""A config's compiled pieces on a mesh: `Evaluator` (model, parameter layout, batch sharding, eval splits, the
+jitted eval step: no optimizer, no train step, no train split) and `Trainer` (adds the train split, optimizer, state
+layout and the jitted train step)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from hourglass_jax.train import checks
 from hourglass_jax.train.optimizer import make_optimizer
 from hourglass_jax.train.remat import training_model_config
 from hourglass_jax.train.state import create_state, make_init_fn, state_layout
-from hourglass_jax.train.step import make_train_step
+from hourglass_jax.train.step import make_train_step, token_losses_and_sown
 
 
 class Evaluator:
@@ -46,6 +48,20 @@ class Evaluator:
   def eval_source(self, split: str):
     return sources.make_source(self.cfg.data, split, self.cfg.model.vocab_size, self.cfg.train.seed,
                                eval_windows=True)
+
+  @functools.cached_property
+  def eval_step(self):
+    """`eval_step(params, tokens_BxL1, weights_BxL) -> ({loss_sum, tokens, rows}, sown metrics)`: only predictions
+    with weight 1 count, so overlapping eval windows (sliding, long_context) score each byte once; `rows` counts the
+    windows that score any. The sown metrics (a dynamic level's boundary_rate...) are the batch's, as in training."""
+
+    def step(params, tokens_BxL1, weights_BxL):
+      losses_BxL, _, sown = token_losses_and_sown(self.model, params, tokens_BxL1, self.rules)
+      return dict(loss_sum=(losses_BxL * weights_BxL).sum(), tokens=weights_BxL.sum(),
+                  rows=(weights_BxL.sum(axis=1) > 0).sum()), sown
+
+    return jax.jit(step, in_shardings=(self.param_shardings, self.batch_sharding, self.batch_sharding),
+                   out_shardings=sharding.replicated(self.mesh), compiler_options=self.compiler_options)
 
 
 class Trainer(Evaluator):
