@@ -3,6 +3,7 @@
 model section, what the weights are and each array's SHA-256), both atomically; `load_params` builds the model from
 the card and checks every array's name, shape and checksum."""
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -80,10 +81,8 @@ def _write_atomically(path, data: bytes) -> None:
     temporary.write_bytes(data)
     temporary.replace(path)
   except BaseException:
-    try:
+    with contextlib.suppress(OSError):
       temporary.unlink(missing_ok=True)
-    except OSError:
-      pass
     raise
 
 
