@@ -1,5 +1,5 @@
 """What `--help` shows for each command: its purpose, an example and its own flags, one line each (absl key flags of
-the main module); `--helpfull` keeps every flag, absl's and jax's included. And the log level every command sets."""
+the main module); `--helpfull` keeps every flag, absl's and jax's included. `quiet_logs`: every command's log level."""
 
 import logging
 import sys
