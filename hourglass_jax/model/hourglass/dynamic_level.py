@@ -14,8 +14,7 @@ import jax.numpy as jnp
 
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
                                                    segment_boundary_probs, segment_ids, smooth_segments,
-                                                   starts_from_boundaries, straight_through_weights,
-                                                   upsample_segments)
+                                                   straight_through_weights, upsample_segments)
 from hourglass_jax.model.hourglass.predictors import INNER_PREDICTORS, PREDICTORS, resolve
 from hourglass_jax.model.hourglass.predictors.base import masked_mean, valid_positions
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int, module_fields, setting
@@ -170,18 +169,19 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
     settings = {name: getattr(self, name) for name in cls.settings() if name not in named}
     decision = cls(cfg, self.factor, **settings, **named, name=cls.module_name)(x_BxLxD, deterministic, positions_L,
                                                                          lengths_B, previous, **inputs)
-    if previous is not None:
-      b_BxT = decision.boundaries_BxL > 0.5
-      return b_BxT, decision.probs_BxL, decision.state, self._pooled(cfg, x_BxLxD, b_BxT, previous)
-    for name, loss in decision.losses.items():
-      self.sow("losses", name, loss)
     b_BxL = decision.boundaries_BxL
     hard_BxL = b_BxL > 0.5
+    if self.segment_pooling == "linear":  # decoding counts on from the open segment's size (0 after a boundary)
+      starts_BxL = jnp.concatenate([jnp.zeros_like(hard_BxL[:, :1]), hard_BxL[:, :-1]], axis=1)
+      positions_BxL = positions_in_segments(starts_BxL, None if previous is None else previous["size"])
+      x_BxLxD = PositionProjection(cfg, self.factor, name="pool")(x_BxLxD, positions_BxL)
+    if previous is not None:
+      return hard_BxL, decision.probs_BxL, decision.state, x_BxLxD
+    for name, loss in decision.losses.items():
+      self.sow("losses", name, loss)
     self.sow("intermediates", "boundaries", hard_BxL)
     num_segments = max_segments(length, self.factor, self.segment_capacity)
     ids_BxL = segment_ids(hard_BxL, num_segments)
-    if self.segment_pooling == "linear":
-      x_BxLxD = self._project(cfg)(x_BxLxD, positions_in_segments(starts_from_boundaries(hard_BxL)))
     z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, straight_through_weights(b_BxL))
     valid_BxL = valid_positions(hard_BxL.shape, lengths_B)
     boundary_rate = masked_mean(hard_BxL, valid_BxL)
@@ -193,17 +193,6 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
                                                                                num_segments)
     return z_BxMxD, Segments(ids_BxL, completed_segments(hard_BxL, num_segments),
                              straight_through_weights(b_BxL, inclusive=True), boundary_probs_BxM)
-
-  def _project(self, cfg):
-    return PositionProjection(cfg, self.factor, name="pool")
-
-  def _pooled(self, cfg, x_BxTxD, b_BxT, previous):
-    """What cached decoding sums into segments: x, or for 'linear' pooling its projection by segment position (the
-    count goes on from the open segment's size: a segment closed before x leaves size 0)."""
-    if self.segment_pooling != "linear":
-      return x_BxTxD
-    starts_BxT = jnp.concatenate([jnp.zeros_like(b_BxT[:, :1]), b_BxT[:, :-1]], axis=1)
-    return self._project(cfg)(x_BxTxD, positions_in_segments(starts_BxT, previous["size"]))
 
 
 class DynamicUpsample(LayerOptions):
