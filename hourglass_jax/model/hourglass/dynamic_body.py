@@ -11,19 +11,18 @@ from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_b
                                                    smooth_segments, smooth_step)
 from hourglass_jax.model.hourglass.dynamic_cache import (after_rows, close_segment, join_segment, new_segment_state,
                                                          prefill_segments, take_rows)
-from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, level_predictors, max_segments
+from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
 from hourglass_jax.model.hourglass.predictors import resolve
 
 
-def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, boundaries: str):
-  """(this level's cache entries: the newest output 'z' and the segment state, the inner level's stream length:
-  the M segment slots of the forward pass, of which the M-1 that can complete are ever written, and the inner
-  levels' predictors)."""
-  names = level_predictors(boundaries, hierarchy.depth)
-  state = dict(new_segment_state(batch, cfg.d_model), **resolve(names[0])[0].new_state(batch, cfg.d_model,
-                                                                                       cfg.compute_dtype))
+def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: str):
+  """(this level's cache entries: the newest output 'z' and the segment state with what `predictor` keeps, the
+  inner level's stream length: the M segment slots of the forward pass, of which the M-1 that can complete are ever
+  written)."""
+  state = dict(new_segment_state(batch, cfg.d_model), **resolve(predictor)[0].new_state(batch, cfg.d_model,
+                                                                                        cfg.compute_dtype))
   entries = dict(z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype), segment=state)
-  return entries, max_segments(padded, hierarchy.relative_factor(0), segment_capacity), ",".join(names[1:])
+  return entries, max_segments(padded, hierarchy.relative_factor(0), segment_capacity)
 
 
 def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **inputs):

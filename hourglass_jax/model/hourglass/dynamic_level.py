@@ -88,9 +88,7 @@ class Segments(NamedTuple):
 
 
 def check_dynamic_settings(s, prefix: str) -> None:
-  """The predictor settings of `s` (DynamicShorten, Hourglass or ModelConfig); `prefix` names their owner."""
-  for predictor in s.boundaries.split(","):
-    resolve(predictor.strip(), f"{prefix}boundaries")
+  """The level settings of `s` (DynamicShorten or ModelConfig) besides `boundaries`; `prefix` names their owner."""
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
   for cls in PREDICTORS.values():
     cls.check(s, prefix)
@@ -100,10 +98,16 @@ def check_dynamic_settings(s, prefix: str) -> None:
     raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be a finite number >= 0.")
 
 
-def level_predictors(boundaries: str, depth: int, owner: str = "model.boundaries") -> tuple[str, ...]:
-  """The boundary predictor of each of `depth` dynamic levels, outermost first, from `boundaries`: one name for
-  every level, or a comma-separated name per level ('whitespace,gumbel'). Levels past the first read a segment
-  stream, not bytes, so they take only INNER_PREDICTORS."""
+def level_predictors(hierarchy, upsample: str, boundaries: str, prefix: str = "model.") -> tuple[str, ...]:
+  """The boundary predictor of each shortened level of `hierarchy`, outermost first, from `boundaries`: one name for
+  every level, or a comma-separated name per level ('whitespace,gumbel'). Raises unless every level can be dynamic:
+  up-sampled by 'repeat', and past the first level (which reads a segment stream, not bytes) cut by one of
+  INNER_PREDICTORS; `prefix` names the fields' owner ('model.', 'Hourglass.')."""
+  if not hierarchy.depth or upsample != "repeat":
+    raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
+                     f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
+                     "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+  depth, owner = hierarchy.depth, f"{prefix}boundaries"
   names = tuple(name.strip() for name in boundaries.split(","))
   if len(names) not in (1, depth):
     raise ValueError(f"{owner}={boundaries!r} names {len(names)} predictors for {depth} shortened levels; give one "
@@ -118,16 +122,6 @@ def level_predictors(boundaries: str, depth: int, owner: str = "model.boundaries
                        f"{name!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
                        f"'{names[0]}{(',' + INNER_PREDICTORS[0]) * (depth - 1)}').")
   return names
-
-
-def check_dynamic_level(hierarchy, upsample: str, boundaries: str, prefix: str) -> tuple[str, ...]:
-  """Every shortened level of `hierarchy` is dynamic and up-sampled by 'repeat'; `prefix` names the fields' owner
-  ('model.', 'Hourglass.'). Returns `level_predictors`."""
-  if not hierarchy.depth or upsample != "repeat":
-    raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
-                     f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
-                     "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
-  return level_predictors(boundaries, hierarchy.depth, f"{prefix}boundaries")
 
 
 class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
@@ -158,8 +152,8 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, previous=None, positions_L=None, lengths_B=None,
                **inputs):
-    check_dynamic_settings(self, "DynamicShorten.")
     cls, named = resolve(self.boundaries, "DynamicShorten.boundaries")
+    check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
     for given in set(inputs) - set(cls.inputs):
       readers = " or ".join(repr(key) for key, c in PREDICTORS.items() if given in c.inputs) or "no predictor"
