@@ -9,8 +9,8 @@ from jax import lax
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
                                                    smooth_segments, smooth_step)
-from hourglass_jax.model.hourglass.dynamic_cache import (after_rows, close_segment, join_segment, new_segment_state,
-                                                         prefill_segments, take_rows)
+from hourglass_jax.model.hourglass.dynamic_cache import (add_token, after_rows, new_segment_state, prefill_segments,
+                                                         take_rows)
 from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
 from hourglass_jax.model.hourglass.predictors import resolve
 
@@ -63,7 +63,7 @@ def decode(body, hierarchy, options, x_BxTxD, cache, position, lengths_B=None, *
     state.update(opened)
     completed_BxT = completed_segments(b_BxT, num_segments)
   else:
-    state, closes_B, mean_Bx1xD = close_segment(join_segment(state, pooled_BxTxD), b_BxT[:, 0], num_segments)
+    state, closes_B, mean_Bx1xD = add_token(state, pooled_BxTxD, b_BxT[:, 0], num_segments)
     entry_B = state["completed"] - 1
     cache["z"], cache["inner"] = close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B,
                                                 None if probs_BxT is None else probs_BxT[:, 0], cache["z"],
