@@ -9,8 +9,7 @@ from jax import lax
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
                                                    smooth_segments, smooth_step)
-from hourglass_jax.model.hourglass.dynamic_cache import (add_token, after_rows, new_segment_state, prefill_segments,
-                                                         take_rows)
+from hourglass_jax.model.hourglass.dynamic_cache import add_token, after_rows, new_segment_state, prefill_segments
 from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
 from hourglass_jax.model.hourglass.predictors import resolve
 
@@ -76,13 +75,6 @@ def decode(body, hierarchy, options, x_BxTxD, cache, position, lengths_B=None, *
   return y_BxTxD, cache
 
 
-def cache_batch_axes(cache: dict) -> dict:
-  """The batch axis of each leaf of an Hourglass cache: 1 in the K/V stacks (layers first), 0 in a dynamic
-  level's newest output 'z' and segment state."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: 0 if any(getattr(key, "key", None) in ("z", "segment") for key in path) else 1, cache)
-
-
 def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, closed_prob_B, z_Bx1xD, inner):
   """Runs the closing rows' segment means through the inner level, each at its own cache entry: the rows that
   close come first, in chunks of C = ceil(B / k) rows (about the rows that close per step at the target rate),
@@ -95,7 +87,9 @@ def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, clos
   size = -(-batch // hierarchy.relative_factor(0))
   order_B = jnp.argsort(~closes_B, stable=True)
   count = closes_B.sum()
-  axes = cache_batch_axes(inner)
+  # each leaf's batch axis: 1 in the K/V stacks (layers first), 0 in a dynamic level's newest output 'z' and state
+  axes = jax.tree_util.tree_map_with_path(
+      lambda path, _: 0 if any(getattr(key, "key", None) in ("z", "segment") for key in path) else 1, inner)
   each = lambda f, *trees: jax.tree.map(f, *trees, axes)
   rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
                                                                                          entry),
@@ -112,7 +106,7 @@ def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, clos
       y_Cx1xD = y_Cx1x1xD[:, 0]
       if closed_prob_B is not None:
         y_Cx1xD = smooth_step(z_Bx1xD[rows_C], y_Cx1xD, closed_prob_B[rows_C][:, None, None]).astype(z_Bx1xD.dtype)
-      y_Cx1xD = take_rows(valid_C, y_Cx1xD, z_Bx1xD[rows_C])
+      y_Cx1xD = jnp.where(valid_C[:, None, None], y_Cx1xD, z_Bx1xD[rows_C])
 
       def write_back(a, new_Cx, axis):  # in place, a row at a time; a chunk's unused rows keep their cache
         for i in range(rows_C.shape[0]):

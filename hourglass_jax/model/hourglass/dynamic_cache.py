@@ -12,7 +12,6 @@ tokens, so the inner level runs row by row (a vmap), for the closing rows only, 
 it closed one. With M counted from the cache length, decoding equals the forward pass over that many positions.
 """
 
-import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model.hourglass.dynamic import completed_segments, pool_segments, segment_ids
@@ -61,8 +60,3 @@ def add_token(state: dict, x_Bx1xD, boundary_B, max_segments: int):
   new = dict(state, sum=jnp.where(closes_B[:, None], 0.0, state["sum"]), size=jnp.where(closes_B, 0, state["size"]),
              completed=state["completed"] + closes_B.astype(jnp.int32))
   return new, closes_B, mean_BxD[:, None]
-
-
-def take_rows(closes_B, new, old):
-  """`new` in the rows that close a segment, `old` elsewhere (trees of [B, ...] leaves)."""
-  return jax.tree.map(lambda a, b: jnp.where(closes_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
