@@ -24,7 +24,6 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
   if len(names) > 1 and not inner_layers:
     raise ValueError(f"configs/{config_name}.py:{predictor} names {len(names)} predictors; the file has one dynamic "
                      "level. Set model.hierarchy and model.boundaries for more.")
-  level_predictors(predictor, len(names), f"configs/{config_name}.py:{predictor}: model.boundaries")
   hierarchy = parse_hierarchy(cfg.model.hierarchy)
   (outer, _), (center, factor) = hierarchy.levels
   factors = [resolve(name)[0].segment_length(**resolve(name)[1]) or factor for name in names]
@@ -37,6 +36,8 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
     cfg.model.hierarchy = " ".join(level([outer] + inner) + [f"{inner_layers[1] if inner else center}@{totals[-1]}"]
                                    + level([hierarchy.post_layers[0]] + inner)[::-1])
   cfg.model.update(shorten="dynamic", upsample="repeat", boundaries=",".join(names))
+  level_predictors(parse_hierarchy(cfg.model.hierarchy), cfg.model.upsample, predictor,
+                   f"configs/{config_name}.py:{predictor}: model.")
   weights = {resolve(name)[0].loss_weight for name in names} - {None}
   if len(weights) == 1:
     cfg.model.boundary_loss_weight = weights.pop()

@@ -9,8 +9,7 @@ from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIN
                                               check_layer_settings, check_types, setting)
 from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
 from hourglass_jax.model.hourglass.dynamic_level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings,
-                                                        check_dynamic_level, check_dynamic_settings,
-                                                        level_predictors)
+                                                        check_dynamic_settings, level_predictors)
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
@@ -75,7 +74,7 @@ class ModelConfig(DynamicSettings, BlockSettings):
       _check_no_dynamic_settings(self)
     if self.dynamic:
       check_dynamic_settings(self, "model.")
-      check_dynamic_level(hierarchy, self.upsample, self.boundaries, "model.")
+      _ = self.level_predictors  # raises unless every shortened level can be dynamic with its predictor
       if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
         raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
                          "(characters 0-255), e.g. ' \\n.,'.")
@@ -93,7 +92,7 @@ class ModelConfig(DynamicSettings, BlockSettings):
   @property
   def level_predictors(self) -> tuple[str, ...]:
     """The boundary predictor of each shortened level, outermost first (dynamic models only)."""
-    return level_predictors(self.boundaries, self.parsed_hierarchy.depth)
+    return level_predictors(self.parsed_hierarchy, self.upsample, self.boundaries)
 
   @property
   def parsed_scales(self) -> MultiScale:

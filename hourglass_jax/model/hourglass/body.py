@@ -14,8 +14,8 @@ import numpy as np
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.checks import is_checkable
 from hourglass_jax.model.hourglass import dynamic_body, fixed_body
-from hourglass_jax.model.hourglass.dynamic_level import (DynamicSettings, DynamicShorten, check_dynamic_level,
-                                                         dynamic_options)
+from hourglass_jax.model.hourglass.dynamic_level import (DynamicSettings, DynamicShorten, dynamic_options,
+                                                         level_predictors)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields
 from hourglass_jax.model.layers import DecoderStack
@@ -23,22 +23,21 @@ from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 
 
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,
-                        padded: int, segment_capacity: float = 1.5, boundaries: str = "gumbel") -> dict:
+                        padded: int, segment_capacity: float = 1.5, predictors: tuple[str, ...] = ()) -> dict:
   """Empty cache of an Hourglass body for `batch` sequences of `padded` (a multiple of the total
-  factor) entries of its input stream."""
+  factor) entries of its input stream; `predictors`: the dynamic levels', outermost first."""
   num_pre = hierarchy.levels[0][0]
   if not hierarchy.depth:
     return {"layers": kv_cache.new_stack(cfg, batch, num_pre, padded)}
   cache = {"pre": kv_cache.new_stack(cfg, batch, num_pre, padded),
            "post": kv_cache.new_stack(cfg, batch, hierarchy.post_layers[0], padded)}
   if shorten == "dynamic":
-    entries, inner, boundaries = dynamic_body.level_cache(cfg, hierarchy, batch, padded, segment_capacity,
-                                                          boundaries)
+    entries, inner = dynamic_body.level_cache(cfg, hierarchy, batch, padded, segment_capacity, predictors[0])
   else:
     entries, inner = fixed_body.level_cache(cfg, hierarchy, shorten, upsample, batch, padded)
   if inner is not None:
     entries["inner"] = new_hourglass_cache(cfg, hierarchy.inner(), shorten, upsample, batch, inner,
-                                           segment_capacity, boundaries)
+                                           segment_capacity, predictors[1:])
   return dict(cache, **entries)
 
 
@@ -99,11 +98,10 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
     width `d_model`."""
     hierarchy = parse_hierarchy(self.hierarchy)
-    if self.shorten == "dynamic" and hierarchy.depth:
-      check_dynamic_level(hierarchy, self.upsample, self.boundaries, "Hourglass.")
+    predictors = self._predictors(hierarchy) if self.shorten == "dynamic" and hierarchy.depth else ()
     self.check_cache_length(length, hierarchy.total_factor)
     return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length,
-                               self.segment_capacity, self.boundaries)
+                               self.segment_capacity, predictors)
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, lengths_B=None, **inputs):
@@ -128,7 +126,7 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
 
   def _predictors(self, hierarchy) -> tuple[str, ...]:
     """The dynamic levels' predictors, this level's first."""
-    return check_dynamic_level(hierarchy, self.upsample, self.boundaries, "Hourglass.")
+    return level_predictors(hierarchy, self.upsample, self.boundaries, "Hourglass.")
 
   def _dynamic_shorten(self, hierarchy, options):
     return DynamicShorten(factor=hierarchy.relative_factor(0), vocab_size=self.boundary_vocab,

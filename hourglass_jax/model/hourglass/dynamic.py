@@ -123,12 +123,6 @@ def upsample_segments(y_BxMxD, completed_BxL, weights_BxL=None):
   return jnp.where((read_BxL >= 0)[..., None], rows_BxLxD, 0).astype(y_BxMxD.dtype)
 
 
-def starts_from_boundaries(boundaries_BxL):
-  """[B, L]: a segment starts at t when t = 0 or a boundary closed one at t-1 (same dtype: soft values pass)."""
-  first_Bx1 = jnp.ones_like(boundaries_BxL[:, :1])
-  return jnp.concatenate([first_Bx1, boundaries_BxL[:, :-1]], axis=1)
-
-
 def positions_in_segments(starts_BxL, open_size_B=None):
   """int32 [B, L]: each position's index in its segment, t minus the last start at or before t. Before the row's
   first start the count goes on from `open_size_B` (the open segment's size before the row, in cached decoding;

@@ -9,21 +9,19 @@ from jax import lax
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
                                                    smooth_segments, smooth_step)
-from hourglass_jax.model.hourglass.dynamic_cache import (after_rows, close_segment, join_segment, new_segment_state,
-                                                         prefill_segments, take_rows)
-from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, level_predictors, max_segments
+from hourglass_jax.model.hourglass.dynamic_cache import add_token, after_rows, new_segment_state, prefill_segments
+from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
 from hourglass_jax.model.hourglass.predictors import resolve
 
 
-def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, boundaries: str):
-  """(this level's cache entries: the newest output 'z' and the segment state, the inner level's stream length:
-  the M segment slots of the forward pass, of which the M-1 that can complete are ever written, and the inner
-  levels' predictors)."""
-  names = level_predictors(boundaries, hierarchy.depth)
-  state = dict(new_segment_state(batch, cfg.d_model), **resolve(names[0])[0].new_state(batch, cfg.d_model,
-                                                                                       cfg.compute_dtype))
+def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: str):
+  """(this level's cache entries: the newest output 'z' and the segment state with what `predictor` keeps, the
+  inner level's stream length: the M segment slots of the forward pass, of which the M-1 that can complete are ever
+  written)."""
+  state = dict(new_segment_state(batch, cfg.d_model), **resolve(predictor)[0].new_state(batch, cfg.d_model,
+                                                                                        cfg.compute_dtype))
   entries = dict(z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype), segment=state)
-  return entries, max_segments(padded, hierarchy.relative_factor(0), segment_capacity), ",".join(names[1:])
+  return entries, max_segments(padded, hierarchy.relative_factor(0), segment_capacity)
 
 
 def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **inputs):
@@ -64,7 +62,7 @@ def decode(body, hierarchy, options, x_BxTxD, cache, position, lengths_B=None, *
     state.update(opened)
     completed_BxT = completed_segments(b_BxT, num_segments)
   else:
-    state, closes_B, mean_Bx1xD = close_segment(join_segment(state, pooled_BxTxD), b_BxT[:, 0], num_segments)
+    state, closes_B, mean_Bx1xD = add_token(state, pooled_BxTxD, b_BxT[:, 0], num_segments)
     entry_B = state["completed"] - 1
     cache["z"], cache["inner"] = close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B,
                                                 None if probs_BxT is None else probs_BxT[:, 0], cache["z"],
@@ -75,13 +73,6 @@ def decode(body, hierarchy, options, x_BxTxD, cache, position, lengths_B=None, *
   y_BxTxD, cache["post"] = body._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                    index_T)
   return y_BxTxD, cache
-
-
-def cache_batch_axes(cache: dict) -> dict:
-  """The batch axis of each leaf of an Hourglass cache: 1 in the K/V stacks (layers first), 0 in a dynamic
-  level's newest output 'z' and segment state."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: 0 if any(getattr(key, "key", None) in ("z", "segment") for key in path) else 1, cache)
 
 
 def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, closed_prob_B, z_Bx1xD, inner):
@@ -96,7 +87,9 @@ def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, clos
   size = -(-batch // hierarchy.relative_factor(0))
   order_B = jnp.argsort(~closes_B, stable=True)
   count = closes_B.sum()
-  axes = cache_batch_axes(inner)
+  # each leaf's batch axis: 1 in the K/V stacks (layers first), 0 in a dynamic level's newest output 'z' and state
+  axes = jax.tree_util.tree_map_with_path(
+      lambda path, _: 0 if any(getattr(key, "key", None) in ("z", "segment") for key in path) else 1, inner)
   each = lambda f, *trees: jax.tree.map(f, *trees, axes)
   rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
                                                                                          entry),
@@ -113,7 +106,7 @@ def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, clos
       y_Cx1xD = y_Cx1x1xD[:, 0]
       if closed_prob_B is not None:
         y_Cx1xD = smooth_step(z_Bx1xD[rows_C], y_Cx1xD, closed_prob_B[rows_C][:, None, None]).astype(z_Bx1xD.dtype)
-      y_Cx1xD = take_rows(valid_C, y_Cx1xD, z_Bx1xD[rows_C])
+      y_Cx1xD = jnp.where(valid_C[:, None, None], y_Cx1xD, z_Bx1xD[rows_C])
 
       def write_back(a, new_Cx, axis):  # in place, a row at a time; a chunk's unused rows keep their cache
         for i in range(rows_C.shape[0]):

@@ -12,7 +12,6 @@ tokens, so the inner level runs row by row (a vmap), for the closing rows only, 
 it closed one. With M counted from the cache length, decoding equals the forward pass over that many positions.
 """
 
-import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model.hourglass.dynamic import completed_segments, pool_segments, segment_ids
@@ -52,20 +51,12 @@ def after_rows(state: dict, updates: dict, lengths_B=None) -> dict:
   return dict(state, **{name: pick(name, value) for name, value in updates.items()})
 
 
-def close_segment(state: dict, boundary_B, max_segments: int):
-  """(state once this token's boundary closes the open segment (the token has joined it), closes [B]: the segment
-  closed (it is not the tail), its mean [B, 1, D] in float32)."""
+def add_token(state: dict, x_Bx1xD, boundary_B, max_segments: int):
+  """(state once the token x joins the open segment and its boundary closes it, closes [B]: the segment closed (it
+  is not the tail), its mean [B, 1, D] in float32)."""
+  state = dict(state, sum=state["sum"] + x_Bx1xD[:, 0].astype(jnp.float32), size=state["size"] + 1)
   closes_B = boundary_B & (state["completed"] < max_segments - 1)
   mean_BxD = state["sum"] / jnp.maximum(state["size"], 1)[:, None].astype(jnp.float32)
   new = dict(state, sum=jnp.where(closes_B[:, None], 0.0, state["sum"]), size=jnp.where(closes_B, 0, state["size"]),
              completed=state["completed"] + closes_B.astype(jnp.int32))
   return new, closes_B, mean_BxD[:, None]
-
-
-def join_segment(state: dict, x_Bx1xD) -> dict:
-  return dict(state, sum=state["sum"] + x_Bx1xD[:, 0].astype(jnp.float32), size=state["size"] + 1)
-
-
-def take_rows(closes_B, new, old):
-  """`new` in the rows that close a segment, `old` elsewhere (trees of [B, ...] leaves)."""
-  return jax.tree.map(lambda a, b: jnp.where(closes_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)

@@ -14,8 +14,7 @@ import jax.numpy as jnp
 
 from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
                                                    segment_boundary_probs, segment_ids, smooth_segments,
-                                                   starts_from_boundaries, straight_through_weights,
-                                                   upsample_segments)
+                                                   straight_through_weights, upsample_segments)
 from hourglass_jax.model.hourglass.predictors import INNER_PREDICTORS, PREDICTORS, resolve
 from hourglass_jax.model.hourglass.predictors.base import masked_mean, valid_positions
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int, module_fields, setting
@@ -89,9 +88,7 @@ class Segments(NamedTuple):
 
 
 def check_dynamic_settings(s, prefix: str) -> None:
-  """The predictor settings of `s` (DynamicShorten, Hourglass or ModelConfig); `prefix` names their owner."""
-  for predictor in s.boundaries.split(","):
-    resolve(predictor.strip(), f"{prefix}boundaries")
+  """The level settings of `s` (DynamicShorten or ModelConfig) besides `boundaries`; `prefix` names their owner."""
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
   for cls in PREDICTORS.values():
     cls.check(s, prefix)
@@ -101,10 +98,16 @@ def check_dynamic_settings(s, prefix: str) -> None:
     raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be a finite number >= 0.")
 
 
-def level_predictors(boundaries: str, depth: int, owner: str = "model.boundaries") -> tuple[str, ...]:
-  """The boundary predictor of each of `depth` dynamic levels, outermost first, from `boundaries`: one name for
-  every level, or a comma-separated name per level ('whitespace,gumbel'). Levels past the first read a segment
-  stream, not bytes, so they take only INNER_PREDICTORS."""
+def level_predictors(hierarchy, upsample: str, boundaries: str, prefix: str = "model.") -> tuple[str, ...]:
+  """The boundary predictor of each shortened level of `hierarchy`, outermost first, from `boundaries`: one name for
+  every level, or a comma-separated name per level ('whitespace,gumbel'). Raises unless every level can be dynamic:
+  up-sampled by 'repeat', and past the first level (which reads a segment stream, not bytes) cut by one of
+  INNER_PREDICTORS; `prefix` names the fields' owner ('model.', 'Hourglass.')."""
+  if not hierarchy.depth or upsample != "repeat":
+    raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
+                     f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
+                     "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
+  depth, owner = hierarchy.depth, f"{prefix}boundaries"
   names = tuple(name.strip() for name in boundaries.split(","))
   if len(names) not in (1, depth):
     raise ValueError(f"{owner}={boundaries!r} names {len(names)} predictors for {depth} shortened levels; give one "
@@ -119,16 +122,6 @@ def level_predictors(boundaries: str, depth: int, owner: str = "model.boundaries
                        f"{name!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
                        f"'{names[0]}{(',' + INNER_PREDICTORS[0]) * (depth - 1)}').")
   return names
-
-
-def check_dynamic_level(hierarchy, upsample: str, boundaries: str, prefix: str) -> tuple[str, ...]:
-  """Every shortened level of `hierarchy` is dynamic and up-sampled by 'repeat'; `prefix` names the fields' owner
-  ('model.', 'Hourglass.'). Returns `level_predictors`."""
-  if not hierarchy.depth or upsample != "repeat":
-    raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
-                     f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
-                     "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
-  return level_predictors(boundaries, hierarchy.depth, f"{prefix}boundaries")
 
 
 class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
@@ -159,8 +152,8 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, previous=None, positions_L=None, lengths_B=None,
                **inputs):
-    check_dynamic_settings(self, "DynamicShorten.")
     cls, named = resolve(self.boundaries, "DynamicShorten.boundaries")
+    check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
     for given in set(inputs) - set(cls.inputs):
       readers = " or ".join(repr(key) for key, c in PREDICTORS.items() if given in c.inputs) or "no predictor"
@@ -170,18 +163,19 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
     settings = {name: getattr(self, name) for name in cls.settings() if name not in named}
     decision = cls(cfg, self.factor, **settings, **named, name=cls.module_name)(x_BxLxD, deterministic, positions_L,
                                                                          lengths_B, previous, **inputs)
-    if previous is not None:
-      b_BxT = decision.boundaries_BxL > 0.5
-      return b_BxT, decision.probs_BxL, decision.state, self._pooled(cfg, x_BxLxD, b_BxT, previous)
-    for name, loss in decision.losses.items():
-      self.sow("losses", name, loss)
     b_BxL = decision.boundaries_BxL
     hard_BxL = b_BxL > 0.5
+    if self.segment_pooling == "linear":  # decoding counts on from the open segment's size (0 after a boundary)
+      starts_BxL = jnp.concatenate([jnp.zeros_like(hard_BxL[:, :1]), hard_BxL[:, :-1]], axis=1)
+      positions_BxL = positions_in_segments(starts_BxL, None if previous is None else previous["size"])
+      x_BxLxD = PositionProjection(cfg, self.factor, name="pool")(x_BxLxD, positions_BxL)
+    if previous is not None:
+      return hard_BxL, decision.probs_BxL, decision.state, x_BxLxD
+    for name, loss in decision.losses.items():
+      self.sow("losses", name, loss)
     self.sow("intermediates", "boundaries", hard_BxL)
     num_segments = max_segments(length, self.factor, self.segment_capacity)
     ids_BxL = segment_ids(hard_BxL, num_segments)
-    if self.segment_pooling == "linear":
-      x_BxLxD = self._project(cfg)(x_BxLxD, positions_in_segments(starts_from_boundaries(hard_BxL)))
     z_BxMxD, _ = pool_segments(x_BxLxD, ids_BxL, num_segments, straight_through_weights(b_BxL))
     valid_BxL = valid_positions(hard_BxL.shape, lengths_B)
     boundary_rate = masked_mean(hard_BxL, valid_BxL)
@@ -193,17 +187,6 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
                                                                                num_segments)
     return z_BxMxD, Segments(ids_BxL, completed_segments(hard_BxL, num_segments),
                              straight_through_weights(b_BxL, inclusive=True), boundary_probs_BxM)
-
-  def _project(self, cfg):
-    return PositionProjection(cfg, self.factor, name="pool")
-
-  def _pooled(self, cfg, x_BxTxD, b_BxT, previous):
-    """What cached decoding sums into segments: x, or for 'linear' pooling its projection by segment position (the
-    count goes on from the open segment's size: a segment closed before x leaves size 0)."""
-    if self.segment_pooling != "linear":
-      return x_BxTxD
-    starts_BxT = jnp.concatenate([jnp.zeros_like(b_BxT[:, :1]), b_BxT[:, :-1]], axis=1)
-    return self._project(cfg)(x_BxTxD, positions_in_segments(starts_BxT, previous["size"]))
 
 
 class DynamicUpsample(LayerOptions):
