@@ -13,29 +13,21 @@ DOWNSAMPLERS = ("avg", "conv")
 UPSAMPLERS = ("transposed_conv", "repeat")
 
 
-def down_method(downsampler: str) -> str:
-  """The Pool method of a downsampler: 'avg', or 'linear' for 'conv'."""
-  return "avg" if downsampler == "avg" else "linear"
-
-
-def up_method(upsampler: str) -> str:
-  """The Unpool method of an upsampler: 'repeat', or 'linear' for 'transposed_conv'."""
-  return "repeat" if upsampler == "repeat" else "linear"
-
-
 def downsample(cfg: LayerConfig, downsampler: str, x_BxLxD, k: int, deterministic: bool, name: str):
   """Shift right by k-1, then `pool`."""
   return pool(cfg, downsampler, shift_right(x_BxLxD, k - 1), k, deterministic, name)
 
 
 def pool(cfg: LayerConfig, downsampler: str, h0_BxLxD, k: int, deterministic: bool, name: str):
-  """'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k) of an already shifted stream."""
-  return Pool(cfg, k, down_method(downsampler), name=name)(h0_BxLxD, deterministic)
+  """'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k: Pool's 'linear') of an already shifted
+  stream."""
+  return Pool(cfg, k, "avg" if downsampler == "avg" else "linear", name=name)(h0_BxLxD, deterministic)
 
 
 def upsample(cfg: LayerConfig, upsampler: str, z_BxLkxD, k: int, deterministic: bool, name: str):
-  """'repeat' or 'transposed_conv' (kernel = stride = k: finer token i reads only coarse token i // k)."""
-  return Unpool(cfg, k, up_method(upsampler), name=name)(z_BxLkxD, deterministic)
+  """'repeat' or 'transposed_conv' (Unpool's 'linear', kernel = stride = k: finer token i reads only coarse token
+  i // k)."""
+  return Unpool(cfg, k, "repeat" if upsampler == "repeat" else "linear", name=name)(z_BxLkxD, deterministic)
 
 
 def pyramid(cfg: LayerConfig, downsampler: str, x_BxLxD, factors: tuple[int, ...], deterministic: bool) -> list:
