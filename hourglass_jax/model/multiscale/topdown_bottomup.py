@@ -11,6 +11,8 @@ output) and 'aggregate_<g>' (K/V of the aggregation layer's head group g), and i
 of scale s completes at position js, so scale s runs under `nn.cond(position % s == 0)`, nested by factor.
 """
 
+import functools
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -21,7 +23,8 @@ from hourglass_jax.model.layers import (DecoderStack, causal_mask, dense, feed_f
                                         rematerialised, stream_positions)
 from hourglass_jax.model.hourglass.resampling import upsample_mask
 from hourglass_jax.model.multiscale.attention import ScaleAttention
-from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pool, pyramid, upsample
+from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, downsample, pool,
+                                                      pyramid, upsample)
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 from hourglass_jax.ops.dropout import Dropout
 
@@ -207,7 +210,7 @@ class BottomUp(LayerOptions):
     scales = self.parsed_scales(cfg.num_heads)
     factors = scales.factors
     if cache is not None:
-      return self._decode(cfg, scales, x_BxLxD, dict(cache), position)
+      return self._decode(cfg, scales, x_BxLxD, cache, position)
     length = x_BxLxD.shape[1]
     x_BxLxD = pad_to(x_BxLxD, scales.coarsest)
     streams = [x_BxLxD]
@@ -220,36 +223,12 @@ class BottomUp(LayerOptions):
     y_BxLxD = _stack(options, scales, len(factors) - 1, "scale_1")(x_BxLxD, deterministic)
     return y_BxLxD[:, :length]
 
-  def _feed(self, cfg, scales, i: int, fine_BxTxD, t, cache, streams):
-    """The finer stream (scale i+1) produced `fine` (its tokens up to position t, or the prompt's): pools scale
-    i's tokens that completed, runs its stack, and feeds scale i-1 in turn (a prefill collects the outputs in
-    `streams`)."""
-    s, k = scales.factors[i], scales.relative_factor(i + 1)
-    window_BxVxD, cache[f"buf_{s}"] = kv_cache.shift_in(cache[f"buf_{s}"], fine_BxTxD)
-
-    def active(module, cache, window_BxVxD, t):
-      cache = dict(cache)
-      count = 1 if t is not None else kv_cache.num_coarse(fine_BxTxD.shape[1], k)
-      z_BxTxD = pool(cfg, module.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{s}")
-      o_BxTxD = _cached_stack(cfg.options(), scales, i, cache, z_BxTxD, 0 if t is None else t // s)
-      cache[f"top_{s}"] = o_BxTxD[:, -1:]
-      if t is None:
-        streams[i] = o_BxTxD
-      return cache if i == 0 else module._feed(cfg, scales, i - 1, o_BxTxD, t, cache, streams)
-
-    if t is None:
-      return active(self, cache, window_BxVxD, None)
-    return nn.cond(t % s == 0, active, lambda module, cache, *_: cache, self, cache, window_BxVxD, t)
-
   def _decode(self, cfg, scales, x_BxTxD, cache, position):
     n = len(scales.factors)
     start = 0 if position is None else position
     index_T = start + jnp.arange(x_BxTxD.shape[1])
-    streams = {}
-    cache = self._feed(cfg, scales, n - 2, x_BxTxD, position, cache, streams)
-    if position is not None:  # a step: each coarse group rewrites its newest token (the cond may not have run)
-      streams = {i: cache[f"top_{s}"] for i, s in enumerate(scales.factors[:-1])}
-    coarse = [streams[i] for i in range(n - 1)]
+    coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, x_BxTxD, position, cache,
+                                   functools.partial(_cached_stack, cfg.options(), scales))
     kvs = [cache[f"aggregate_{g}"] for g in range(n)]
     x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, index_T)
     cache.update({f"aggregate_{g}": kv for g, kv in enumerate(kvs)})
