@@ -99,27 +99,11 @@ class MultiHeadAttention(nn.Module):
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
       k_BxSxNxH = apply_rope(k_BxSxNxH, positions_k_S, cfg.rope_base)
-    out = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))
-    if cache is not None:
-      kv = kv_cache.write(cache, k_BxSxNxH, v_BxSxNxH)
-      bias = None
-      if cfg.position == "relative":
-        u_NxH, v_NxH, project = self._relative_params()
-        table = self.variable("tables", "table", kv_cache.relative_table, cfg, project, cache).value
-        bias = kv_cache.relative_bias(cfg, q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype), table, positions_q_T, cache)
-        q_BxTxNxH = q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype)
-      return out(kv_cache.attend(q_BxTxNxH, kv_cache.view(cache, kv), mask_TxS, bias)), kv
-    bias = None
-    if cfg.position == "relative":
-      u_NxH, v_NxH, project = self._relative_params()
-      q_BxTxNxH, bias = relative_position_terms(cfg, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T,
-                                                positions_k_S, mask_TxS)
-    use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
-    out_BxTxNxH = dot_product_attention(
-        q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
-        dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
-        dropout_rng=self.make_rng("dropout") if use_dropout else None)
-    return out(out_BxTxNxH)
+    relative = self._relative_params() if cfg.position == "relative" else None
+    out_BxTxNxH, kv = head_attention(self, cfg, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, positions_q_T, positions_k_S, mask_TxS,
+                                     deterministic, relative, cache)
+    out_BxTxD = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
+    return out_BxTxD if cache is None else (out_BxTxD, kv)
 
   def _relative_params(self):
     """Transformer-XL: logits = (q+u)k + (q+v)W_r R(i-j); returns (u, v, the 'position' Dense W_r)."""
@@ -129,6 +113,30 @@ class MultiHeadAttention(nn.Module):
     v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
     project = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), "position", use_bias=False)
     return u_NxH, v_NxH, project
+
+
+def head_attention(module: nn.Module, cfg: LayerConfig, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, positions_q_T, positions_k_S,
+                   mask_TxS, deterministic: bool, relative=None, cache: KVCache | None = None, table: str = "table"):
+  """(out [B, T, N, H], kv) of `module`'s heads (all, or a group), rotary positions applied or `relative` = (u, v,
+  W_r) the Transformer-XL terms. A `cache` is used as in `MultiHeadAttention` (relative positions reading the table
+  named `table`); without one, kv is None."""
+  if cache is not None:
+    kv = kv_cache.write(cache, k_BxSxNxH, v_BxSxNxH)
+    bias = None
+    if relative is not None:
+      u_NxH, v_NxH, project = relative
+      table_NxRxH = module.variable("tables", table, kv_cache.relative_table, cfg, project, cache).value
+      bias = kv_cache.relative_bias(cfg, q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype), table_NxRxH, positions_q_T, cache)
+      q_BxTxNxH = q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype)
+    return kv_cache.attend(q_BxTxNxH, kv_cache.view(cache, kv), mask_TxS, bias), kv
+  bias = None
+  if relative is not None:
+    q_BxTxNxH, bias = relative_position_terms(cfg, q_BxTxNxH, *relative, positions_q_T, positions_k_S, mask_TxS)
+  use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
+  return dot_product_attention(
+      q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
+      dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
+      dropout_rng=module.make_rng("dropout") if use_dropout else None), None
 
 
 def relative_position_terms(cfg: LayerConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,

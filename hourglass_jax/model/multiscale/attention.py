@@ -7,11 +7,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig
-from hourglass_jax.model.layers import dense, relative_position_terms
+from hourglass_jax.model.layers import dense, head_attention
 from hourglass_jax.model.positions import apply_rope
-from hourglass_jax.ops.attention import dot_product_attention
 
 
 def retina_visible(q_Tx1, last_1xS, scale: int, start: int, stop: int):
@@ -47,46 +45,27 @@ class ScaleAttention(nn.Module):
       zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("heads", "kv"))
       u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
       v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
-    use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
     outs, written, first = [], [], 0
     for g, (n, kv_BxSxD, positions_k_S, mask_TxS) in enumerate(zip(self.heads, kvs, positions_k, masks)):
       group = slice(first, first + n)
       first += n
-      q_BxTxnxH = q_BxTxNxH[:, :, group]
       k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
       v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)
+      relative = None
       if cfg.position == "rope":
         k_BxSxnxH = apply_rope(k_BxSxnxH, positions_k_S, cfg.rope_base)
       else:
-        project = dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
-      if caches is not None:
-        cache = caches[g]
-        kv = kv_cache.write(cache, k_BxSxnxH, v_BxSxnxH)
-        written.append(kv)
-        bias = None
-        if cfg.position == "relative":
-          table = self.variable("tables", f"table_{g}", kv_cache.relative_table, cfg, project, cache).value
-          bias = kv_cache.relative_bias(cfg, q_BxTxnxH + v_NxH[group].astype(q_BxTxnxH.dtype), table,
-                                        positions_q_T, cache)
-          q_BxTxnxH = q_BxTxnxH + u_NxH[group].astype(q_BxTxnxH.dtype)
-        out_BxTxnxH = kv_cache.attend(q_BxTxnxH, kv_cache.view(cache, kv), mask_TxS, bias)
-        seen_T = mask_TxS.any(axis=1)
-        outs.append(jnp.where(seen_T[None, :, None, None], out_BxTxnxH, 0.0).astype(out_BxTxnxH.dtype))
-        continue
+        relative = u_NxH[group], v_NxH[group], dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
+      cache = None if caches is None else caches[g]
       empty_T = ~mask_TxS.any(axis=1)
-      if empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
+      if cache is None and empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
         mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])
-      bias = None
-      if cfg.position == "relative":
-        q_BxTxnxH, bias = relative_position_terms(cfg, q_BxTxnxH, u_NxH[group], v_NxH[group], project,
-                                                  positions_q_T, positions_k_S, mask_TxS)
-      out_BxTxnxH = dot_product_attention(
-          q_BxTxnxH, k_BxSxnxH, v_BxSxnxH, mask_TxS, bias, impl=cfg.attention_impl,
-          dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
-          dropout_rng=self.make_rng("dropout") if use_dropout else None)
-      if empty_T.any():
+      out_BxTxnxH, kv = head_attention(self, cfg, q_BxTxNxH[:, :, group], k_BxSxnxH, v_BxSxnxH, positions_q_T,
+                                       positions_k_S, mask_TxS, deterministic, relative, cache, f"table_{g}")
+      if cache is not None or empty_T.any():  # a traced mask (cached) may leave rows empty too
         out_BxTxnxH = jnp.where(empty_T[None, :, None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)
       outs.append(out_BxTxnxH)
+      written.append(kv)
     out_BxTxNxH = jnp.concatenate(outs, axis=2)
     out_BxTxD = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
     return out_BxTxD if caches is None else (out_BxTxD, written)
