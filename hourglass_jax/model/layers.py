@@ -160,14 +160,6 @@ def feed_forward_residual(cfg: LayerConfig, x_BxLxD, h_BxLxD, deterministic: boo
   return x_BxLxD + Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
 
 
-def stream_cache(kv: dict, index_T, factor: int, layer=None) -> tuple[KVCache, jax.Array]:
-  """(KVCache, causal mask [T, S]) of a stream at total `factor` whose new rows are entries index_T (= start +
-  arange(T)) of `kv`: entry m sits at position m * factor."""
-  entries_S = jnp.arange(kv_cache.size(kv))
-  cache = KVCache(kv, index_T[0], entries_S * factor, factor, kv_cache.size(kv), layer)
-  return cache, entries_S[None, :] <= index_T[:, None]
-
-
 class DecoderBlock(nn.Module):
   """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x)).
 
@@ -188,8 +180,10 @@ class DecoderBlock(nn.Module):
       positions = stream_positions(length, self.factor)
       h_BxLxD = attention(h_BxLxD, h_BxLxD, positions, positions, causal_mask(length), deterministic)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
-    cache, mask_TxS = stream_cache(kv, index_T, self.factor, layer)
+    entries_S = jnp.arange(kv_cache.size(kv))  # entry m of the stream sits at position m * factor
+    cache = KVCache(kv, index_T[0], entries_S * self.factor, self.factor, kv_cache.size(kv), layer)
     positions_T = index_T * self.factor
+    mask_TxS = entries_S[None, :] <= index_T[:, None]
     h_BxLxD, kv = attention(h_BxLxD, h_BxLxD, positions_T, positions_T, mask_TxS, deterministic, cache)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kv
 
@@ -209,10 +203,9 @@ def rematerialised(cfg: LayerConfig, block_cls, static_argnums: tuple[int, ...],
                   prevent_cse=not in_scan)
 
 
-def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, name: str = "blocks",
-                **block_kwargs):
+def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, **block_kwargs):
   """`num_layers` blocks `block_cls(cfg, **block_kwargs)(x, deterministic) -> x` as one `nn.scan`: params stacked
-  on a leading 'layers' axis (under `name`), a dropout key per layer, `cfg.remat_policy` applied inside the scan,
+  on a leading 'layers' axis (under 'blocks'), a dropout key per layer, `cfg.remat_policy` applied inside the scan,
   so compile time does not grow with depth."""
   if num_layers == 0:
     return x_BxLxD
@@ -220,12 +213,11 @@ def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, determini
   scanned = nn.scan(lambda block, x, _: (block(x, deterministic), None),
                     variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True}, length=num_layers,
                     unroll=cfg.scan_unroll or num_layers, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
-  x_BxLxD, _ = scanned(block_cls(cfg, **block_kwargs, name=name), x_BxLxD, None)
+  x_BxLxD, _ = scanned(block_cls(cfg, **block_kwargs, name="blocks"), x_BxLxD, None)
   return x_BxLxD
 
 
-def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv, index_T, name: str = "blocks",
-                       **block_kwargs):
+def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv, index_T, **block_kwargs):
   """`scan_blocks` for decoding: block i reads and extends layer i of the stacked cache `kv` (written in place),
   `block_cls(cfg, **block_kwargs)(x, True, kv, index_T, i) -> (x, kv)`; returns (x, kv)."""
   if num_layers == 0:
@@ -237,7 +229,7 @@ def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv
 
   scanned = nn.scan(step, variable_axes={"params": 0, "tables": 0}, split_rngs={"params": True}, length=num_layers,
                     metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
-  (x_BxLxD, kv), _ = scanned(block_cls(cfg, **block_kwargs, name=name), (x_BxLxD, kv), jnp.arange(num_layers))
+  (x_BxLxD, kv), _ = scanned(block_cls(cfg, **block_kwargs, name="blocks"), (x_BxLxD, kv), jnp.arange(num_layers))
   return x_BxLxD, kv
 
 
