@@ -53,15 +53,15 @@ def merge(cfg: LayerConfig, e_BxLxD, u_BxLxD, deterministic: bool, name: str):
   return Dropout(cfg.dropout)(nn.gelu(h_BxLxD, approximate=True), deterministic=deterministic)
 
 
-def _stack(options, scales: MultiScale, i: int, name: str | None = None):
+def _stack(cfg: LayerConfig, scales: MultiScale, i: int):
   s = scales.factors[i]
-  return DecoderStack(num_layers=scales.layers[i], factor=s, **options, name=name or f"scale_{s}")
+  return DecoderStack(num_layers=scales.layers[i], factor=s, **cfg.options(), name=f"scale_{s}")
 
 
-def _cached_stack(options, scales: MultiScale, i: int, cache: dict, x_BxTxD, start):
+def _cached_stack(cfg: LayerConfig, scales: MultiScale, i: int, cache: dict, x_BxTxD, start):
   """Scale i's stack on its tokens start.. (extends cache['scale_<s>'])."""
   name = f"scale_{scales.factors[i]}"
-  y_BxTxD, cache[name] = _stack(options, scales, i)(x_BxTxD, True, cache[name], start + jnp.arange(x_BxTxD.shape[1]))
+  y_BxTxD, cache[name] = _stack(cfg, scales, i)(x_BxTxD, True, cache[name], start + jnp.arange(x_BxTxD.shape[1]))
   return y_BxTxD
 
 
@@ -92,7 +92,6 @@ class TopDown(LayerOptions):
     check_choice("TopDown.downsampler", self.downsampler, DOWNSAMPLERS)
     check_choice("TopDown.upsampler", self.upsampler, UPSAMPLERS)
     cfg = self.layer_config(x_BxLxD.shape[-1])
-    options = cfg.options()
     scales = self.parsed_scales(cfg.num_heads)
     if cache is not None:
       cache = dict(cache)
@@ -102,36 +101,36 @@ class TopDown(LayerOptions):
     factors = scales.factors
     length = x_BxLxD.shape[1]
     e = pyramid(cfg, self.downsampler, pad_to(x_BxLxD, scales.coarsest), factors, deterministic)
-    z = _stack(options, scales, 0)(e[0], deterministic)
+    z = _stack(cfg, scales, 0)(e[0], deterministic)
     for i in range(1, len(factors)):
       u = upsample(cfg, self.upsampler, z, scales.relative_factor(i), deterministic, f"upsample_{factors[i - 1]}")
-      z = _stack(options, scales, i)(merge(cfg, e[i], u, deterministic, f"merge_{factors[i]}"), deterministic)
+      z = _stack(cfg, scales, i)(merge(cfg, e[i], u, deterministic, f"merge_{factors[i]}"), deterministic)
     return z[:, :length]
 
   def _prefill(self, cfg, scales, x_BxTxD, cache):
-    factors, options = scales.factors, cfg.options()
+    factors = scales.factors
     e = {len(factors) - 1: x_BxTxD}  # the pooled inputs, fine to coarse
     for i in range(len(factors) - 2, -1, -1):
       k = scales.relative_factor(i + 1)
       window_BxVxD, cache[f"buf_{factors[i]}"] = kv_cache.shift_in(cache[f"buf_{factors[i]}"], e[i + 1])
       count = kv_cache.num_coarse(e[i + 1].shape[1], k)
       e[i] = pool(cfg, self.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{factors[i]}")
-    z_BxTxD = _cached_stack(options, scales, 0, cache, e[0], 0)
+    z_BxTxD = _cached_stack(cfg, scales, 0, cache, e[0], 0)
     for i in range(1, len(factors)):
       k, coarse = scales.relative_factor(i), factors[i - 1]
       rows_BxRxD = upsample(cfg, self.upsampler, z_BxTxD, k, True, f"upsample_{coarse}")
       cache[f"rows_{coarse}"] = rows_BxRxD[:, -k:]
       h_BxTxD = merge(cfg, e[i], rows_BxRxD[:, :e[i].shape[1]], True, f"merge_{factors[i]}")
-      z_BxTxD = _cached_stack(options, scales, i, cache, h_BxTxD, 0)
+      z_BxTxD = _cached_stack(cfg, scales, i, cache, h_BxTxD, 0)
     return z_BxTxD
 
   def _step(self, cfg, scales, i: int, e_Bx1xD, t, cache):
     """Scale i at position t (a multiple of its factor): the coarser scales whose token completes at t, then this
     scale's stack on its token t // s; returns its output [B, 1, D] (`cache` updated in place)."""
-    factors, options = scales.factors, cfg.options()
+    factors = scales.factors
     j = t // factors[i]
     if i == 0:
-      return _cached_stack(options, scales, 0, cache, e_Bx1xD, j)
+      return _cached_stack(cfg, scales, 0, cache, e_Bx1xD, j)
     k, coarse = scales.relative_factor(i), factors[i - 1]
     window_BxKxD, cache[f"buf_{coarse}"] = kv_cache.shift_in(cache[f"buf_{coarse}"], e_Bx1xD)
 
@@ -145,7 +144,7 @@ class TopDown(LayerOptions):
     cache.update(nn.cond(t % coarse == 0, coarser, lambda module, cache, *_: cache, self, dict(cache), window_BxKxD,
                          t))
     u_Bx1xD = jnp.take(cache[f"rows_{coarse}"], (j % k)[None], axis=1)
-    return _cached_stack(options, scales, i, cache, merge(cfg, e_Bx1xD, u_Bx1xD, True, f"merge_{factors[i]}"), j)
+    return _cached_stack(cfg, scales, i, cache, merge(cfg, e_Bx1xD, u_Bx1xD, True, f"merge_{factors[i]}"), j)
 
 
 class AggregationBlock(nn.Module):
@@ -206,7 +205,6 @@ class BottomUp(LayerOptions):
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
     check_choice("BottomUp.downsampler", self.downsampler, DOWNSAMPLERS)
     cfg = self.layer_config(x_BxLxD.shape[-1])
-    options = cfg.options()
     scales = self.parsed_scales(cfg.num_heads)
     factors = scales.factors
     if cache is not None:
@@ -217,10 +215,10 @@ class BottomUp(LayerOptions):
     for i in range(len(factors) - 2, -1, -1):
       z = downsample(cfg, self.downsampler, streams[0], scales.relative_factor(i + 1), deterministic,
                      f"downsample_{factors[i]}")
-      streams.insert(0, _stack(options, scales, i)(z, deterministic))
+      streams.insert(0, _stack(cfg, scales, i)(z, deterministic))
     aggregate = rematerialised(cfg, AggregationBlock, static_argnums=(3,))
     x_BxLxD = aggregate(cfg, scales, name="aggregate")(x_BxLxD, tuple(streams), deterministic)
-    y_BxLxD = _stack(options, scales, len(factors) - 1, "scale_1")(x_BxLxD, deterministic)
+    y_BxLxD = _stack(cfg, scales, len(factors) - 1)(x_BxLxD, deterministic)
     return y_BxLxD[:, :length]
 
   def _decode(self, cfg, scales, x_BxTxD, cache, position):
@@ -228,8 +226,8 @@ class BottomUp(LayerOptions):
     start = 0 if position is None else position
     index_T = start + jnp.arange(x_BxTxD.shape[1])
     coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, x_BxTxD, position, cache,
-                                   functools.partial(_cached_stack, cfg.options(), scales))
+                                   functools.partial(_cached_stack, cfg, scales))
     kvs = [cache[f"aggregate_{g}"] for g in range(n)]
     x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, index_T)
     cache.update({f"aggregate_{g}": kv for g, kv in enumerate(kvs)})
-    return _cached_stack(cfg.options(), scales, n - 1, cache, x_BxTxD, start), cache
+    return _cached_stack(cfg, scales, n - 1, cache, x_BxTxD, start), cache
