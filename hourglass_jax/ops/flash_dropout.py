@@ -221,7 +221,7 @@ def _rows(block: int, hp: int, order):
 
 def _forward(spec: _Spec, interpret: bool, q, k, v, seeds):
   grid = (spec.tp // spec.bq, spec.b, spec.n)
-  out, lse = _call(
+  return _call(
       _forward_kernel, spec, grid,
       [_rows(spec.bq, spec.hp, lambda i, b, n: (b, i, n, 0)),
        _rows(spec.sp, spec.hp, lambda i, b, n: (b, 0, n, 0)), _rows(spec.sp, spec.hp, lambda i, b, n: (b, 0, n, 0))],
@@ -229,7 +229,6 @@ def _forward(spec: _Spec, interpret: bool, q, k, v, seeds):
        pl.BlockSpec((None, None, spec.bq), lambda i, b, n: (b, n, i))],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((spec.b, spec.n, spec.tp), jnp.float32)],
       spec.fwd, interpret, "flash_dropout_forward", seeds, q, k, v)
-  return out, lse
 
 
 def _backward(spec: _Spec, interpret: bool, q, k, v, seeds, out, lse, d_out):
