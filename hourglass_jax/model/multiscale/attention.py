@@ -7,8 +7,11 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from hourglass_jax.model import kv_cache
+from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig
-from hourglass_jax.model.layers import dense, head_attention
+from hourglass_jax.model.layers import dense, head_attention, stream_positions
+from hourglass_jax.model.multiscale.scales import MultiScale
 from hourglass_jax.model.positions import apply_rope
 
 
@@ -23,21 +26,30 @@ def retina_mask(length: int, scale: int, start: int, stop: int) -> np.ndarray:
   return retina_visible(np.arange(length)[:, None], np.arange(length // scale)[None, :] * scale, scale, start, stop)
 
 
-class ScaleAttention(nn.Module):
-  """Multi-head attention whose head group g (`heads[g]` heads) attends to its own key/value stream.
+def _window(size: int, s: int, start: int, stop: int, q):
+  """(first entry, count) of the scale-s keys a query at position q can see: at most (stop-start+s-1)/s + 1."""
+  count = min(size, -(-(stop - start + s - 1) // s) + 1)
+  return jnp.clip(-(-(q - stop + 1) // s), 0, size - count), count
 
-  Group g reads kv[g] at positions positions_k[g] under the static mask masks[g] [T, S_g]; query rows that a mask
-  leaves empty get zero output from that group. Parameters: exactly those of MultiHeadAttention.
-  Cached (`caches`: a `kv_cache.KVCache` per group): kvs[g] are group g's new key rows, written into its cache;
-  masks[g] [T, cache entries read] may be traced; returns (out, the groups' K/V caches).
+
+class ScaleAttention(nn.Module):
+  """Multi-head attention whose head group g (`scales.heads[g]` heads) attends to its own key/value stream kvs[g],
+  the tokens of scale s = scales.factors[g] (at positions 0, s, 2s...), from the scale-1 queries x_q: every past
+  key, or (retina) those within the group's window scales.windows[g]. Query rows a group sees nothing of get zero
+  output from it. Parameters: exactly those of MultiHeadAttention.
+  Cached (`caches`: the groups' K/V caches, `index_T` the entries of x_q's rows, `position` that of a step's row):
+  kvs[g] are group g's new tokens, from index_T[0] // s, written into its cache; a step attends over only the
+  entries its window can reach. Returns (out, the groups' K/V caches).
   """
   cfg: LayerConfig
-  heads: tuple[int, ...]
+  scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_q_BxTxD, kvs, positions_q_T, positions_k, masks, deterministic: bool, caches=None):
-    cfg = self.cfg
+  def __call__(self, x_q_BxTxD, kvs, deterministic: bool, caches=None, index_T=None, position=None):
+    cfg, scales = self.cfg, self.scales
     axes = ("embed", "heads", "kv")
+    length = x_q_BxTxD.shape[1]
+    positions_q_T = stream_positions(length, 1) if caches is None else index_T
     q_BxTxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), axes, "query")(x_q_BxTxD)
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
@@ -46,9 +58,23 @@ class ScaleAttention(nn.Module):
       u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
       v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
     outs, written, first = [], [], 0
-    for g, (n, kv_BxSxD, positions_k_S, mask_TxS) in enumerate(zip(self.heads, kvs, positions_k, masks)):
+    for g, (n, s, kv_BxSxD) in enumerate(zip(scales.heads, scales.factors, kvs)):
       group = slice(first, first + n)
       first += n
+      cache = None
+      if caches is None:
+        back_start, back_stop = scales.windows[g] if scales.windows else (0, length)
+        mask_TxS = retina_mask(length, s, back_start, back_stop)
+        positions_k_S = stream_positions(length // s, s)
+      else:
+        size, first_new = kv_cache.size(caches[g]), index_T[0] // s
+        back_start, back_stop = scales.windows[g] if scales.windows else (0, size * s)
+        window = None if position is None or not scales.windows else _window(size, s, back_start, back_stop, position)
+        first_entry, count = (0, size) if window is None else window
+        last_S = (first_entry + jnp.arange(count)) * s
+        cache = KVCache(caches[g], first_new, last_S, 1, size * s, window=window)
+        mask_TxS = retina_visible(index_T[:, None], last_S[None, :], s, back_start, back_stop)
+        positions_k_S = (first_new + jnp.arange(kv_BxSxD.shape[1])) * s
       k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
       v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)
       relative = None
@@ -56,7 +82,6 @@ class ScaleAttention(nn.Module):
         k_BxSxnxH = apply_rope(k_BxSxnxH, positions_k_S, cfg.rope_base)
       else:
         relative = u_NxH[group], v_NxH[group], dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
-      cache = None if caches is None else caches[g]
       empty_T = ~mask_TxS.any(axis=1)
       if cache is None and empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
         mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])

@@ -17,11 +17,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
-from hourglass_jax.model.layers import (DecoderStack, causal_mask, dense, feed_forward_residual, layer_norm, pad_to,
-                                        rematerialised, stream_positions)
-from hourglass_jax.model.hourglass.resampling import upsample_mask
+from hourglass_jax.model.layers import DecoderStack, dense, feed_forward_residual, layer_norm, pad_to, rematerialised
 from hourglass_jax.model.multiscale.attention import ScaleAttention
 from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, downsample, pool,
                                                       pyramid, upsample)
@@ -160,23 +157,13 @@ class AggregationBlock(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, index_T=None):
     cfg = self.cfg
-    factors = self.scales.factors
-    length = x_BxLxD.shape[1]
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
-    attention = ScaleAttention(cfg, self.scales.heads, name="attention")
+    attention = ScaleAttention(cfg, self.scales, name="attention")
     rows = list(streams[:-1]) + [h_BxLxD]
     if kvs is not None:
-      caches, masks, positions_k = [], [], []
-      for kv, s, rows_BxSxD in zip(kvs, factors, rows):
-        entries_S, first = jnp.arange(kv_cache.size(kv)), index_T[0] // s
-        caches.append(KVCache(kv, first, entries_S * s, 1, kv_cache.size(kv) * s))
-        masks.append(entries_S[None, :] <= (index_T // s)[:, None])
-        positions_k.append((first + jnp.arange(rows_BxSxD.shape[1])) * s)
-      h_BxLxD, kvs = attention(h_BxLxD, rows, index_T, positions_k, masks, deterministic, caches)
+      h_BxLxD, kvs = attention(h_BxLxD, rows, deterministic, kvs, index_T)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kvs
-    masks = [upsample_mask(length, s) for s in factors[:-1]] + [causal_mask(length)]
-    positions_k = [stream_positions(length // s, s) for s in factors]
-    h_BxLxD = attention(h_BxLxD, rows, stream_positions(length, 1), positions_k, masks, deterministic)
+    h_BxLxD = attention(h_BxLxD, rows, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
