@@ -37,19 +37,20 @@ class ScaleAttention(nn.Module):
   the tokens of scale s = scales.factors[g] (at positions 0, s, 2s...), from the scale-1 queries x_q: every past
   key, or (retina) those within the group's window scales.windows[g]. Query rows a group sees nothing of get zero
   output from it. Parameters: exactly those of MultiHeadAttention.
-  Cached (`caches`: the groups' K/V caches, `index_T` the entries of x_q's rows, `position` that of a step's row):
-  kvs[g] are group g's new tokens, from index_T[0] // s, written into its cache; a step attends over only the
-  entries its window can reach. Returns (out, the groups' K/V caches).
+  Cached (`caches`: the groups' K/V caches; `position` None for a prompt's rows at positions 0.., else that of a
+  step's single row): kvs[g] are group g's new tokens, from the first row's position // s, written into its cache;
+  a step attends over only the entries its window can reach. Returns (out, the groups' K/V caches).
   """
   cfg: LayerConfig
   scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_q_BxTxD, kvs, deterministic: bool, caches=None, index_T=None, position=None):
+  def __call__(self, x_q_BxTxD, kvs, deterministic: bool, caches=None, position=None):
     cfg, scales = self.cfg, self.scales
     axes = ("embed", "heads", "kv")
     length = x_q_BxTxD.shape[1]
-    positions_q_T = stream_positions(length, 1) if caches is None else index_T
+    start = 0 if position is None else position
+    positions_q_T = stream_positions(length, 1) if caches is None else start + jnp.arange(length)
     q_BxTxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), axes, "query")(x_q_BxTxD)
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
@@ -67,13 +68,13 @@ class ScaleAttention(nn.Module):
         mask_TxS = retina_mask(length, s, back_start, back_stop)
         positions_k_S = stream_positions(length // s, s)
       else:
-        size, first_new = kv_cache.size(caches[g]), index_T[0] // s
+        size, first_new = kv_cache.size(caches[g]), positions_q_T[0] // s
         back_start, back_stop = scales.windows[g] if scales.windows else (0, size * s)
         window = None if position is None or not scales.windows else _window(size, s, back_start, back_stop, position)
         first_entry, count = (0, size) if window is None else window
         last_S = (first_entry + jnp.arange(count)) * s
         cache = KVCache(caches[g], first_new, last_S, 1, size * s, window=window)
-        mask_TxS = retina_visible(index_T[:, None], last_S[None, :], s, back_start, back_stop)
+        mask_TxS = retina_visible(positions_q_T[:, None], last_S[None, :], s, back_start, back_stop)
         positions_k_S = (first_new + jnp.arange(kv_BxSxD.shape[1])) * s
       k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
       v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)

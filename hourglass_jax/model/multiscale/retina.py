@@ -65,11 +65,9 @@ class RetinaBlock(nn.Module):
 
   def _cached_attention(self, attention, h_BxTxD, cache, position):
     scales = self.scales
-    start = 0 if position is None else position
-    index_T = start + jnp.arange(h_BxTxD.shape[1])
     coarse, cache = cached_pyramid(self, self.cfg, self.downsampler, scales, h_BxTxD, position, cache)
     kvs = [cache[f"group_{g}"] for g in range(len(scales.factors))]
-    h_BxTxD, kvs = attention(h_BxTxD, coarse + [h_BxTxD], True, kvs, index_T, position)
+    h_BxTxD, kvs = attention(h_BxTxD, coarse + [h_BxTxD], True, kvs, position)
     cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
     return h_BxTxD, cache
 

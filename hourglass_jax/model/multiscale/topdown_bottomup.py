@@ -148,20 +148,20 @@ class AggregationBlock(nn.Module):
   """Pre-LN block at scale 1 whose head groups attend causally to the streams of the different scales.
 
   `streams` are aligned with the scales (coarse to fine); the scale-1 group attends to the block's own normed input.
-  Cached (`kvs` the groups' K/V caches, `index_T` the entries of x's rows): streams hold each coarse scale's tokens
-  from index_T[0] // s (all of the prompt's, or the newest); returns (y, kvs).
+  Cached (`kvs` the groups' K/V caches, `position` as in `ScaleAttention`): streams hold each coarse scale's new
+  tokens (all of the prompt's, or the newest); returns (y, kvs).
   """
   cfg: LayerConfig
   scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, index_T=None):
+  def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, position=None):
     cfg = self.cfg
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
     attention = ScaleAttention(cfg, self.scales, name="attention")
     rows = list(streams[:-1]) + [h_BxLxD]
     if kvs is not None:
-      h_BxLxD, kvs = attention(h_BxLxD, rows, deterministic, kvs, index_T)
+      h_BxLxD, kvs = attention(h_BxLxD, rows, deterministic, kvs, position)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kvs
     h_BxLxD = attention(h_BxLxD, rows, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
@@ -211,10 +211,9 @@ class BottomUp(LayerOptions):
   def _decode(self, cfg, scales, x_BxTxD, cache, position):
     n = len(scales.factors)
     start = 0 if position is None else position
-    index_T = start + jnp.arange(x_BxTxD.shape[1])
     coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, x_BxTxD, position, cache,
                                    functools.partial(_cached_stack, cfg, scales))
     kvs = [cache[f"aggregate_{g}"] for g in range(n)]
-    x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, index_T)
+    x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, position)
     cache.update({f"aggregate_{g}": kv for g, kv in enumerate(kvs)})
     return _cached_stack(cfg, scales, n - 1, cache, x_BxTxD, start), cache
