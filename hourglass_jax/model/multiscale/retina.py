@@ -57,19 +57,14 @@ class RetinaBlock(nn.Module):
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
     attention = ScaleAttention(cfg, scales, name="attention")
     if cache is not None:
-      h_BxLxD, cache = self._cached_attention(attention, h_BxLxD, cache, position)
+      coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, h_BxLxD, position, cache)
+      kvs = [cache[f"group_{g}"] for g in range(len(scales.factors))]
+      h_BxLxD, kvs = attention(h_BxLxD, coarse + [h_BxLxD], True, kvs, position)
+      cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), cache
     kvs = pyramid(cfg, self.downsampler, h_BxLxD, scales.factors, deterministic)
     h_BxLxD = attention(h_BxLxD, kvs, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
-
-  def _cached_attention(self, attention, h_BxTxD, cache, position):
-    scales = self.scales
-    coarse, cache = cached_pyramid(self, self.cfg, self.downsampler, scales, h_BxTxD, position, cache)
-    kvs = [cache[f"group_{g}"] for g in range(len(scales.factors))]
-    h_BxTxD, kvs = attention(h_BxTxD, coarse + [h_BxTxD], True, kvs, position)
-    cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
-    return h_BxTxD, cache
 
 
 class Retina(LayerOptions):
