@@ -18,17 +18,16 @@ from hourglass_jax.ops.block_attention import relative_bias
 from hourglass_jax.ops.dropout import Dropout
 from hourglass_jax.ops.weight_gradient import dense_dot_general
 
-_kernel_init = nn.initializers.xavier_uniform()
-
 
 def dense(cfg: LayerConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
   """DenseGeneral in the compute dtype with float32 params annotated with logical axes; its matmul is
   `dense_dot_general` (on CPU the kernel gradient runs as a YNNPACK matmul)."""
+  out_axes = axes[-len(features):] if isinstance(features, tuple) else axes[-1:]
   return nn.DenseGeneral(
       features=features, axis=in_axes, use_bias=use_bias, dtype=cfg.compute_dtype, name=name,
       dot_general=dense_dot_general,
-      kernel_init=_flat_partitioned(_kernel_init, axes),
-      bias_init=_flat_partitioned(nn.initializers.zeros_init(), axes[-_num_out_axes(features):]))
+      kernel_init=_flat_partitioned(nn.initializers.xavier_uniform(), axes),
+      bias_init=_flat_partitioned(nn.initializers.zeros_init(), out_axes))
 
 
 class _FlatPartitioned(nn.LogicallyPartitioned):
@@ -40,10 +39,6 @@ class _FlatPartitioned(nn.LogicallyPartitioned):
 
 def _flat_partitioned(init, axes: tuple[str, ...]):
   return lambda rng, shape, dtype=jnp.float32: _FlatPartitioned(init(rng, shape, dtype), axes)
-
-
-def _num_out_axes(features) -> int:
-  return len(features) if isinstance(features, tuple) else 1
 
 
 def layer_norm(cfg: LayerConfig, name: str | None = None):
