@@ -110,7 +110,7 @@ def test_causal_plan_computes_only_the_lower_triangle_of_blocks(n):
   length = 8 * n
   plan = ba.make_plan(causal_mask(length), length, length, 8, 8)
   assert plan.num_pairs == n * (n + 1) // 2
-  rounds, lanes = plan.shape
+  rounds, lanes = plan.q_blocks.shape
   assert rounds * lanes == n * (n + 1) // 2  # lanes pair block i with block n-1-i: no idle slot
   real = plan.q_blocks < plan.nq
   assert np.all(plan.k_blocks[real] <= plan.q_blocks[real])  # nothing above the diagonal

@@ -38,22 +38,15 @@ def _attention(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int]:
   return params, flops
 
 
-def _ffn(cfg: ModelConfig, tokens: int) -> tuple[int, int]:
+def _block(cfg: ModelConfig, attention: tuple[int, int], tokens: int, norms: int) -> tuple[int, int]:
+  """`attention`'s (params, FLOPs) with the feed-forward of its `tokens` output rows and `norms` LayerNorms."""
   d, f = cfg.d_model, cfg.d_ff
-  return 2 * d * f + f + d, 2 * 2 * tokens * d * f
+  return attention[0] + 2 * d * f + f + d + norms * _norm(d), attention[1] + 2 * 2 * tokens * d * f
 
 
 def _stack(cfg: ModelConfig, num_layers: int, tokens: int) -> tuple[int, int]:
-  attn_p, attn_f = _attention(cfg, tokens, tokens)
-  ffn_p, ffn_f = _ffn(cfg, tokens)
-  block_p = attn_p + ffn_p + 2 * _norm(cfg.d_model)
-  return num_layers * block_p + _norm(cfg.d_model), num_layers * (attn_f + ffn_f)
-
-
-def _attention_tail(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int]:
-  attn_p, attn_f = _attention(cfg, queries, keys)
-  ffn_p, ffn_f = _ffn(cfg, queries)
-  return attn_p + ffn_p + _norm(cfg.d_model), attn_f + ffn_f
+  block_p, block_f = _block(cfg, _attention(cfg, tokens, tokens), tokens, 2)
+  return num_layers * block_p + _norm(cfg.d_model), num_layers * block_f
 
 
 def _shorten(cfg: ModelConfig, k: int, length: int, level: int = 0) -> tuple[int, int]:
@@ -67,8 +60,8 @@ def _shorten(cfg: ModelConfig, k: int, length: int, level: int = 0) -> tuple[int
   if cfg.shorten.endswith("linear"):
     params, flops = k * d * d + d, 2 * short * k * d * d
   if cfg.shorten.startswith("attention_"):
-    tail_p, tail_f = _attention_tail(cfg, short, length)
-    params, flops = params + tail_p + 2 * _norm(d), flops + tail_f
+    tail_p, tail_f = _block(cfg, _attention(cfg, short, length), short, 3)
+    params, flops = params + tail_p, flops + tail_f
   return params, flops
 
 
@@ -80,8 +73,8 @@ def _upsample(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
   if cfg.upsample.endswith("linear"):
     params, flops = params + d * k * d + k * d, 2 * short * d * k * d
   if cfg.upsample.startswith("attention_"):
-    tail_p, tail_f = _attention_tail(cfg, length, short)
-    params, flops = params + tail_p + 2 * _norm(d), flops + tail_f
+    tail_p, tail_f = _block(cfg, _attention(cfg, length, short), length, 3)
+    params, flops = params + tail_p, flops + tail_f
   return params, flops
 
 
@@ -143,14 +136,6 @@ def _topdown_parts(cfg: ModelConfig, length: int) -> list[Part]:
   return parts
 
 
-def _aggregate(cfg: ModelConfig, length: int) -> tuple[int, int]:
-  scales = cfg.parsed_scales
-  groups = [(n, length // s, length) for n, s in zip(scales.heads, scales.factors)]
-  attn_p, attn_f = _scale_attention(cfg, length, groups)
-  ffn_p, ffn_f = _ffn(cfg, length)
-  return attn_p + ffn_p + 2 * _norm(cfg.d_model), attn_f + ffn_f
-
-
 def _bottomup_parts(cfg: ModelConfig, length: int) -> list[Part]:
   scales = cfg.parsed_scales
   f = scales.factors
@@ -160,7 +145,8 @@ def _bottomup_parts(cfg: ModelConfig, length: int) -> list[Part]:
     parts.append(Part(f"downsample@{f[i + 1]}->{f[i]}", f[i + 1], length // f[i + 1], 0,
                       *_downsample(cfg, scales.relative_factor(i + 1), tokens)))
     parts.append(Part(f"scale@{f[i]}", f[i], tokens, scales.layers[i], *_stack(cfg, scales.layers[i], tokens)))
-  parts.append(Part("aggregate@1", 1, length, 1, *_aggregate(cfg, length)))
+  groups = [(n, length // s, length) for n, s in zip(scales.heads, f)]
+  parts.append(Part("aggregate@1", 1, length, 1, *_block(cfg, _scale_attention(cfg, length, groups), length, 2)))
   parts.append(Part("scale@1", 1, length, scales.layers[-1], *_stack(cfg, scales.layers[-1], length)))
   return parts
 
@@ -170,12 +156,10 @@ def _retina_parts(cfg: ModelConfig, length: int) -> list[Part]:
   num_layers = cfg.parsed_hierarchy.levels[0][0]
   groups = [(n, length // s, min(stop, length)) for n, s, (_, stop) in zip(scales.heads, scales.factors,
                                                                           scales.windows)]
-  attn_p, attn_f = _scale_attention(cfg, length, groups)
-  ffn_p, ffn_f = _ffn(cfg, length)
   pools = [_downsample(cfg, scales.relative_factor(i), length // scales.factors[i - 1])
            for i in range(1, len(scales.factors))]
-  block_p = attn_p + ffn_p + 2 * _norm(d) + sum(p for p, _ in pools)
-  block_f = attn_f + ffn_f + sum(f for _, f in pools)
+  block_p, block_f = _block(cfg, _scale_attention(cfg, length, groups), length, 2)
+  block_p, block_f = block_p + sum(p for p, _ in pools), block_f + sum(f for _, f in pools)
   return [Part("retina@1", 1, length, num_layers, num_layers * block_p + _norm(d), num_layers * block_f)]
 
 

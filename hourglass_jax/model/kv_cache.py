@@ -1,8 +1,8 @@
 """Caches of incremental decoding: K/V caches, in the layouts the attention matmuls read without a transpose:
 K [B, heads, head_dim, S] and V [B, heads, S, head_dim] (a scanned stack adds a leading layer axis).
 
-The attention modules (layers.MultiHeadAttention, multiscale/attention.ScaleAttention) take a `KVCache` in place of
-their full key stream: they write the new rows' keys and values into it and attend over all of its entries.
+Attention (layers.head_attention) takes a `KVCache` in place of its full key stream (MultiHeadAttention is given
+one, ScaleAttention makes one per head group): it writes the new rows' keys and values and attends over its entries.
 A pooled stream keeps its last k-1 rows in a buffer (`shift_in`): the causal shift, applied row by row.
 """
 

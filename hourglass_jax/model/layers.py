@@ -18,17 +18,16 @@ from hourglass_jax.ops.block_attention import relative_bias
 from hourglass_jax.ops.dropout import Dropout
 from hourglass_jax.ops.weight_gradient import dense_dot_general
 
-_kernel_init = nn.initializers.xavier_uniform()
-
 
 def dense(cfg: LayerConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
   """DenseGeneral in the compute dtype with float32 params annotated with logical axes; its matmul is
   `dense_dot_general` (on CPU the kernel gradient runs as a YNNPACK matmul)."""
+  out_axes = axes[-len(features):] if isinstance(features, tuple) else axes[-1:]
   return nn.DenseGeneral(
       features=features, axis=in_axes, use_bias=use_bias, dtype=cfg.compute_dtype, name=name,
       dot_general=dense_dot_general,
-      kernel_init=_flat_partitioned(_kernel_init, axes),
-      bias_init=_flat_partitioned(nn.initializers.zeros_init(), axes[-_num_out_axes(features):]))
+      kernel_init=_flat_partitioned(nn.initializers.xavier_uniform(), axes),
+      bias_init=_flat_partitioned(nn.initializers.zeros_init(), out_axes))
 
 
 class _FlatPartitioned(nn.LogicallyPartitioned):
@@ -40,10 +39,6 @@ class _FlatPartitioned(nn.LogicallyPartitioned):
 
 def _flat_partitioned(init, axes: tuple[str, ...]):
   return lambda rng, shape, dtype=jnp.float32: _FlatPartitioned(init(rng, shape, dtype), axes)
-
-
-def _num_out_axes(features) -> int:
-  return len(features) if isinstance(features, tuple) else 1
 
 
 def layer_norm(cfg: LayerConfig, name: str | None = None):
@@ -99,27 +94,11 @@ class MultiHeadAttention(nn.Module):
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
       k_BxSxNxH = apply_rope(k_BxSxNxH, positions_k_S, cfg.rope_base)
-    out = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))
-    if cache is not None:
-      kv = kv_cache.write(cache, k_BxSxNxH, v_BxSxNxH)
-      bias = None
-      if cfg.position == "relative":
-        u_NxH, v_NxH, project = self._relative_params()
-        table = self.variable("tables", "table", kv_cache.relative_table, cfg, project, cache).value
-        bias = kv_cache.relative_bias(cfg, q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype), table, positions_q_T, cache)
-        q_BxTxNxH = q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype)
-      return out(kv_cache.attend(q_BxTxNxH, kv_cache.view(cache, kv), mask_TxS, bias)), kv
-    bias = None
-    if cfg.position == "relative":
-      u_NxH, v_NxH, project = self._relative_params()
-      q_BxTxNxH, bias = relative_position_terms(cfg, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T,
-                                                positions_k_S, mask_TxS)
-    use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
-    out_BxTxNxH = dot_product_attention(
-        q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
-        dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
-        dropout_rng=self.make_rng("dropout") if use_dropout else None)
-    return out(out_BxTxNxH)
+    relative = self._relative_params() if cfg.position == "relative" else None
+    out_BxTxNxH, kv = head_attention(self, cfg, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, positions_q_T, positions_k_S, mask_TxS,
+                                     deterministic, relative, cache)
+    out_BxTxD = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
+    return out_BxTxD if cache is None else (out_BxTxD, kv)
 
   def _relative_params(self):
     """Transformer-XL: logits = (q+u)k + (q+v)W_r R(i-j); returns (u, v, the 'position' Dense W_r)."""
@@ -129,6 +108,30 @@ class MultiHeadAttention(nn.Module):
     v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
     project = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), "position", use_bias=False)
     return u_NxH, v_NxH, project
+
+
+def head_attention(module: nn.Module, cfg: LayerConfig, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, positions_q_T, positions_k_S,
+                   mask_TxS, deterministic: bool, relative=None, cache: KVCache | None = None, table: str = "table"):
+  """(out [B, T, N, H], kv) of `module`'s heads (all, or a group), rotary positions applied or `relative` = (u, v,
+  W_r) the Transformer-XL terms. A `cache` is used as in `MultiHeadAttention` (relative positions reading the table
+  named `table`); without one, kv is None."""
+  if cache is not None:
+    kv = kv_cache.write(cache, k_BxSxNxH, v_BxSxNxH)
+    bias = None
+    if relative is not None:
+      u_NxH, v_NxH, project = relative
+      table_NxRxH = module.variable("tables", table, kv_cache.relative_table, cfg, project, cache).value
+      bias = kv_cache.relative_bias(cfg, q_BxTxNxH + v_NxH.astype(q_BxTxNxH.dtype), table_NxRxH, positions_q_T, cache)
+      q_BxTxNxH = q_BxTxNxH + u_NxH.astype(q_BxTxNxH.dtype)
+    return kv_cache.attend(q_BxTxNxH, kv_cache.view(cache, kv), mask_TxS, bias), kv
+  bias = None
+  if relative is not None:
+    q_BxTxNxH, bias = relative_position_terms(cfg, q_BxTxNxH, *relative, positions_q_T, positions_k_S, mask_TxS)
+  use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
+  return dot_product_attention(
+      q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, bias, impl=cfg.attention_impl,
+      dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
+      dropout_rng=module.make_rng("dropout") if use_dropout else None), None
 
 
 def relative_position_terms(cfg: LayerConfig, q_BxTxNxH, u_NxH, v_NxH, project, positions_q_T, positions_k_S,
@@ -152,14 +155,6 @@ def feed_forward_residual(cfg: LayerConfig, x_BxLxD, h_BxLxD, deterministic: boo
   return x_BxLxD + Dropout(cfg.dropout)(h_BxLxD, deterministic=deterministic)
 
 
-def stream_cache(kv: dict, index_T, factor: int, layer=None) -> tuple[KVCache, jax.Array]:
-  """(KVCache, causal mask [T, S]) of a stream at total `factor` whose new rows are entries index_T (= start +
-  arange(T)) of `kv`: entry m sits at position m * factor."""
-  entries_S = jnp.arange(kv_cache.size(kv))
-  cache = KVCache(kv, index_T[0], entries_S * factor, factor, kv_cache.size(kv), layer)
-  return cache, entries_S[None, :] <= index_T[:, None]
-
-
 class DecoderBlock(nn.Module):
   """Pre-LN block: x + drop(Attn(LN x)); x + drop(FFN(LN x)).
 
@@ -180,8 +175,10 @@ class DecoderBlock(nn.Module):
       positions = stream_positions(length, self.factor)
       h_BxLxD = attention(h_BxLxD, h_BxLxD, positions, positions, causal_mask(length), deterministic)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
-    cache, mask_TxS = stream_cache(kv, index_T, self.factor, layer)
+    entries_S = jnp.arange(kv_cache.size(kv))  # entry m of the stream sits at position m * factor
+    cache = KVCache(kv, index_T[0], entries_S * self.factor, self.factor, kv_cache.size(kv), layer)
     positions_T = index_T * self.factor
+    mask_TxS = entries_S[None, :] <= index_T[:, None]
     h_BxLxD, kv = attention(h_BxLxD, h_BxLxD, positions_T, positions_T, mask_TxS, deterministic, cache)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kv
 
@@ -201,10 +198,9 @@ def rematerialised(cfg: LayerConfig, block_cls, static_argnums: tuple[int, ...],
                   prevent_cse=not in_scan)
 
 
-def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, name: str = "blocks",
-                **block_kwargs):
+def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, deterministic: bool, **block_kwargs):
   """`num_layers` blocks `block_cls(cfg, **block_kwargs)(x, deterministic) -> x` as one `nn.scan`: params stacked
-  on a leading 'layers' axis (under `name`), a dropout key per layer, `cfg.remat_policy` applied inside the scan,
+  on a leading 'layers' axis (under 'blocks'), a dropout key per layer, `cfg.remat_policy` applied inside the scan,
   so compile time does not grow with depth."""
   if num_layers == 0:
     return x_BxLxD
@@ -212,12 +208,11 @@ def scan_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, determini
   scanned = nn.scan(lambda block, x, _: (block(x, deterministic), None),
                     variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True}, length=num_layers,
                     unroll=cfg.scan_unroll or num_layers, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
-  x_BxLxD, _ = scanned(block_cls(cfg, **block_kwargs, name=name), x_BxLxD, None)
+  x_BxLxD, _ = scanned(block_cls(cfg, **block_kwargs, name="blocks"), x_BxLxD, None)
   return x_BxLxD
 
 
-def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv, index_T, name: str = "blocks",
-                       **block_kwargs):
+def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv, index_T, **block_kwargs):
   """`scan_blocks` for decoding: block i reads and extends layer i of the stacked cache `kv` (written in place),
   `block_cls(cfg, **block_kwargs)(x, True, kv, index_T, i) -> (x, kv)`; returns (x, kv)."""
   if num_layers == 0:
@@ -229,7 +224,7 @@ def scan_cached_blocks(cfg: LayerConfig, block_cls, num_layers: int, x_BxLxD, kv
 
   scanned = nn.scan(step, variable_axes={"params": 0, "tables": 0}, split_rngs={"params": True}, length=num_layers,
                     metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
-  (x_BxLxD, kv), _ = scanned(block_cls(cfg, **block_kwargs, name=name), (x_BxLxD, kv), jnp.arange(num_layers))
+  (x_BxLxD, kv), _ = scanned(block_cls(cfg, **block_kwargs, name="blocks"), (x_BxLxD, kv), jnp.arange(num_layers))
   return x_BxLxD, kv
 
 

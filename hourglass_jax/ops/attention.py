@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from hourglass_jax.ops.block_attention import block_attention, block_attention_pays, materialize_bias
 from hourglass_jax.ops.dropout import keep_mask
-from hourglass_jax.ops.flash_dropout import flash_attention
+from hourglass_jax.ops.flash_dropout import flash_attention, is_causal
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "block", "flash", "reference")
 
@@ -41,12 +41,6 @@ def reference_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=Non
     keep = dropout_mask if dropout_mask is not None else keep_mask(dropout_rng, dropout_rate, probs_BxNxTxS.shape)
     probs_BxNxTxS = jnp.where(keep, probs_BxNxTxS / (1.0 - dropout_rate), 0.0)
   return jnp.einsum("bnts,bsnh->btnh", probs_BxNxTxS.astype(v_BxSxNxH.dtype), v_BxSxNxH)
-
-
-def _is_causal(mask_TxS) -> bool:
-  if not isinstance(mask_TxS, np.ndarray) or mask_TxS.ndim != 2 or mask_TxS.shape[0] != mask_TxS.shape[1]:
-    return False
-  return bool(np.array_equal(mask_TxS, np.tril(np.ones(mask_TxS.shape, bool))))
 
 
 def splash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS, interpret: bool = False):
@@ -150,7 +144,7 @@ def fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=None, *
   which refuses odd lengths in training, e.g. a hierarchy's 2049 = 3 x 683), odd lengths are padded by one query
   and one key that no real query sees."""
   t, s = q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]
-  causal = _is_causal(mask_TxS)
+  causal = is_causal(mask_TxS)
   tp, sp = t + t % 2, s + s % 2
   if (implementation == "cudnn" if pad_odd is None else pad_odd) and (tp, sp) != (t, s):
     if bias is not None:

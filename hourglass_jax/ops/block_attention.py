@@ -47,11 +47,6 @@ class BlockPlan:
   empty_rows: np.ndarray | None  # [nq * bq] True where a query row may see no key
   num_pairs: int
 
-  @property
-  def shape(self) -> tuple[int, int]:
-    """(rounds, lanes)."""
-    return self.q_blocks.shape
-
 
 def block_sizes(t: int, s: int, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[int, int]:
   """The block sizes used for lengths (t, s): as many blocks as the requested sizes need, each as small as that

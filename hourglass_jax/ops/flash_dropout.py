@@ -29,8 +29,9 @@ _MASKED = -0.7 * float(np.finfo(np.float32).max)
 _LOG2E = math.log2(math.e)
 
 
-def _is_causal(mask_TxS) -> bool:
-  return (mask_TxS is not None and mask_TxS.shape[0] == mask_TxS.shape[1]
+def is_causal(mask_TxS) -> bool:
+  """Whether the mask is a static (numpy) causal square."""
+  return (isinstance(mask_TxS, np.ndarray) and mask_TxS.ndim == 2 and mask_TxS.shape[0] == mask_TxS.shape[1]
           and bool(np.array_equal(mask_TxS, np.tril(np.ones(mask_TxS.shape, bool)))))
 
 
@@ -64,7 +65,7 @@ class _Spec:
     self.bb_q, self.bb_k = _block(block_bwd, self.t), _block(block_bwd, s)
     step_t, step_s = max(self.bq, self.bb_q), max(self.bk, self.bb_k)
     self.tp, self.sp = -(-self.t // step_t) * step_t, -(-s // step_s) * step_s
-    self.causal = _is_causal(mask_TxS)
+    self.causal = is_causal(mask_TxS)
     full = np.zeros((self.tp, self.sp), bool)
     if self.causal:
       full = np.tril(np.ones((self.tp, self.sp), bool))  # padded keys come after every real query
@@ -220,7 +221,7 @@ def _rows(block: int, hp: int, order):
 
 def _forward(spec: _Spec, interpret: bool, q, k, v, seeds):
   grid = (spec.tp // spec.bq, spec.b, spec.n)
-  out, lse = _call(
+  return _call(
       _forward_kernel, spec, grid,
       [_rows(spec.bq, spec.hp, lambda i, b, n: (b, i, n, 0)),
        _rows(spec.sp, spec.hp, lambda i, b, n: (b, 0, n, 0)), _rows(spec.sp, spec.hp, lambda i, b, n: (b, 0, n, 0))],
@@ -228,7 +229,6 @@ def _forward(spec: _Spec, interpret: bool, q, k, v, seeds):
        pl.BlockSpec((None, None, spec.bq), lambda i, b, n: (b, n, i))],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((spec.b, spec.n, spec.tp), jnp.float32)],
       spec.fwd, interpret, "flash_dropout_forward", seeds, q, k, v)
-  return out, lse
 
 
 def _backward(spec: _Spec, interpret: bool, q, k, v, seeds, out, lse, d_out):

@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hourglass_jax.model import kv_cache
+from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig
-from hourglass_jax.model.layers import dense, relative_position_terms
+from hourglass_jax.model.layers import dense, head_attention, stream_positions
+from hourglass_jax.model.multiscale.scales import MultiScale
 from hourglass_jax.model.positions import apply_rope
-from hourglass_jax.ops.attention import dot_product_attention
 
 
 def retina_visible(q_Tx1, last_1xS, scale: int, start: int, stop: int):
@@ -25,21 +26,31 @@ def retina_mask(length: int, scale: int, start: int, stop: int) -> np.ndarray:
   return retina_visible(np.arange(length)[:, None], np.arange(length // scale)[None, :] * scale, scale, start, stop)
 
 
-class ScaleAttention(nn.Module):
-  """Multi-head attention whose head group g (`heads[g]` heads) attends to its own key/value stream.
+def _window(size: int, s: int, start: int, stop: int, q):
+  """(first entry, count) of the scale-s keys a query at position q can see: at most (stop-start+s-1)/s + 1."""
+  count = min(size, -(-(stop - start + s - 1) // s) + 1)
+  return jnp.clip(-(-(q - stop + 1) // s), 0, size - count), count
 
-  Group g reads kv[g] at positions positions_k[g] under the static mask masks[g] [T, S_g]; query rows that a mask
-  leaves empty get zero output from that group. Parameters: exactly those of MultiHeadAttention.
-  Cached (`caches`: a `kv_cache.KVCache` per group): kvs[g] are group g's new key rows, written into its cache;
-  masks[g] [T, cache entries read] may be traced; returns (out, the groups' K/V caches).
+
+class ScaleAttention(nn.Module):
+  """Multi-head attention whose head group g (`scales.heads[g]` heads) attends to its own key/value stream kvs[g],
+  the tokens of scale s = scales.factors[g] (at positions 0, s, 2s...), from the scale-1 queries x_q: every past
+  key, or (retina) those within the group's window scales.windows[g]. Query rows a group sees nothing of get zero
+  output from it. Parameters: exactly those of MultiHeadAttention.
+  Cached (`caches`: the groups' K/V caches; `position` None for a prompt's rows at positions 0.., else that of a
+  step's single row): kvs[g] are group g's new tokens, from the first row's position // s, written into its cache;
+  a step attends over only the entries its window can reach. Returns (out, the groups' K/V caches).
   """
   cfg: LayerConfig
-  heads: tuple[int, ...]
+  scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_q_BxTxD, kvs, positions_q_T, positions_k, masks, deterministic: bool, caches=None):
-    cfg = self.cfg
+  def __call__(self, x_q_BxTxD, kvs, deterministic: bool, caches=None, position=None):
+    cfg, scales = self.cfg, self.scales
     axes = ("embed", "heads", "kv")
+    length = x_q_BxTxD.shape[1]
+    start = 0 if position is None else position
+    positions_q_T = stream_positions(length, 1) if caches is None else start + jnp.arange(length)
     q_BxTxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), axes, "query")(x_q_BxTxD)
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
@@ -47,46 +58,40 @@ class ScaleAttention(nn.Module):
       zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("heads", "kv"))
       u_NxH = self.param("content_bias", zeros, (cfg.num_heads, cfg.head_dim))
       v_NxH = self.param("position_bias", zeros, (cfg.num_heads, cfg.head_dim))
-    use_dropout = cfg.attention_dropout_rate > 0.0 and not deterministic
     outs, written, first = [], [], 0
-    for g, (n, kv_BxSxD, positions_k_S, mask_TxS) in enumerate(zip(self.heads, kvs, positions_k, masks)):
+    for g, (n, s, kv_BxSxD) in enumerate(zip(scales.heads, scales.factors, kvs)):
       group = slice(first, first + n)
       first += n
-      q_BxTxnxH = q_BxTxNxH[:, :, group]
+      cache = None
+      if caches is None:
+        back_start, back_stop = scales.windows[g] if scales.windows else (0, length)
+        mask_TxS = retina_mask(length, s, back_start, back_stop)
+        positions_k_S = stream_positions(length // s, s)
+      else:
+        size, first_new = kv_cache.size(caches[g]), positions_q_T[0] // s
+        back_start, back_stop = scales.windows[g] if scales.windows else (0, size * s)
+        window = None if position is None or not scales.windows else _window(size, s, back_start, back_stop, position)
+        first_entry, count = (0, size) if window is None else window
+        last_S = (first_entry + jnp.arange(count)) * s
+        cache = KVCache(caches[g], first_new, last_S, 1, size * s, window=window)
+        mask_TxS = retina_visible(positions_q_T[:, None], last_S[None, :], s, back_start, back_stop)
+        positions_k_S = (first_new + jnp.arange(kv_BxSxD.shape[1])) * s
       k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
       v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)
+      relative = None
       if cfg.position == "rope":
         k_BxSxnxH = apply_rope(k_BxSxnxH, positions_k_S, cfg.rope_base)
       else:
-        project = dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
-      if caches is not None:
-        cache = caches[g]
-        kv = kv_cache.write(cache, k_BxSxnxH, v_BxSxnxH)
-        written.append(kv)
-        bias = None
-        if cfg.position == "relative":
-          table = self.variable("tables", f"table_{g}", kv_cache.relative_table, cfg, project, cache).value
-          bias = kv_cache.relative_bias(cfg, q_BxTxnxH + v_NxH[group].astype(q_BxTxnxH.dtype), table,
-                                        positions_q_T, cache)
-          q_BxTxnxH = q_BxTxnxH + u_NxH[group].astype(q_BxTxnxH.dtype)
-        out_BxTxnxH = kv_cache.attend(q_BxTxnxH, kv_cache.view(cache, kv), mask_TxS, bias)
-        seen_T = mask_TxS.any(axis=1)
-        outs.append(jnp.where(seen_T[None, :, None, None], out_BxTxnxH, 0.0).astype(out_BxTxnxH.dtype))
-        continue
+        relative = u_NxH[group], v_NxH[group], dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
       empty_T = ~mask_TxS.any(axis=1)
-      if empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
+      if cache is None and empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
         mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])
-      bias = None
-      if cfg.position == "relative":
-        q_BxTxnxH, bias = relative_position_terms(cfg, q_BxTxnxH, u_NxH[group], v_NxH[group], project,
-                                                  positions_q_T, positions_k_S, mask_TxS)
-      out_BxTxnxH = dot_product_attention(
-          q_BxTxnxH, k_BxSxnxH, v_BxSxnxH, mask_TxS, bias, impl=cfg.attention_impl,
-          dropout_rate=cfg.attention_dropout_rate if use_dropout else 0.0,
-          dropout_rng=self.make_rng("dropout") if use_dropout else None)
-      if empty_T.any():
+      out_BxTxnxH, kv = head_attention(self, cfg, q_BxTxNxH[:, :, group], k_BxSxnxH, v_BxSxnxH, positions_q_T,
+                                       positions_k_S, mask_TxS, deterministic, relative, cache, f"table_{g}")
+      if cache is not None or empty_T.any():  # a traced mask (cached) may leave rows empty too
         out_BxTxnxH = jnp.where(empty_T[None, :, None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)
       outs.append(out_BxTxnxH)
+      written.append(kv)
     out_BxTxNxH = jnp.concatenate(outs, axis=2)
     out_BxTxD = dense(cfg, cfg.d_model, ("heads", "kv", "embed"), "out", in_axes=(-2, -1))(out_BxTxNxH)
     return out_BxTxD if caches is None else (out_BxTxD, written)

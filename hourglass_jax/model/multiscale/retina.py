@@ -14,12 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import (LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks,
-                                        stream_positions)
-from hourglass_jax.model.multiscale.attention import ScaleAttention, retina_mask, retina_visible
-from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, pool, pyramid
+from hourglass_jax.model.layers import LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks
+from hourglass_jax.model.multiscale.attention import ScaleAttention
+from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, cached_pyramid, pyramid
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 
@@ -43,12 +41,6 @@ def new_retina_cache(cfg: LayerConfig, num_layers: int, scales: MultiScale, batc
   return jax.tree.map(lambda a: jnp.zeros((num_layers, *a.shape), a.dtype), block)
 
 
-def _window(size: int, s: int, start: int, stop: int, q):
-  """(first entry, count) of the scale-s keys a query at position q can see: at most (stop-start+s-1)/s + 1."""
-  count = min(size, -(-(stop - start + s - 1) // s) + 1)
-  return jnp.clip(-(-(q - stop + 1) // s), 0, size - count), count
-
-
 class RetinaBlock(nn.Module):
   """Pre-LN block: x + drop(RetinaAttn(LN x)); x + drop(FFN(LN x)).
 
@@ -62,60 +54,17 @@ class RetinaBlock(nn.Module):
   def __call__(self, x_BxLxD, deterministic: bool, cache=None, position=None):
     cfg, scales = self.cfg, self.scales
     x_BxLxD = nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
-    length = x_BxLxD.shape[1]
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
-    attention = ScaleAttention(cfg, scales.heads, name="attention")
+    attention = ScaleAttention(cfg, scales, name="attention")
     if cache is not None:
-      h_BxLxD, cache = self._cached_attention(attention, h_BxLxD, dict(cache), position)
+      coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, h_BxLxD, position, cache)
+      kvs = [cache[f"group_{g}"] for g in range(len(scales.factors))]
+      h_BxLxD, kvs = attention(h_BxLxD, coarse + [h_BxLxD], True, kvs, position)
+      cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), cache
     kvs = pyramid(cfg, self.downsampler, h_BxLxD, scales.factors, deterministic)
-    masks = [retina_mask(length, s, start, stop) for s, (start, stop) in zip(scales.factors, scales.windows)]
-    positions_k = [stream_positions(length // s, s) for s in scales.factors]
-    h_BxLxD = attention(h_BxLxD, kvs, stream_positions(length, 1), positions_k, masks, deterministic)
+    h_BxLxD = attention(h_BxLxD, kvs, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
-
-  def _feed(self, i: int, fine_BxTxD, t, cache, streams):
-    """Scale i+1 produced `fine`: pools the scale-i tokens that completed (kept in cache['top_<s>'], and in
-    `streams` by a prefill), then feeds scale i-1."""
-    scales = self.scales
-    s, k = scales.factors[i], scales.relative_factor(i + 1)
-    window_BxVxD, cache[f"buf_{s}"] = kv_cache.shift_in(cache[f"buf_{s}"], fine_BxTxD)
-
-    def active(module, cache, window_BxVxD, t):
-      cache = dict(cache)
-      count = 1 if t is not None else kv_cache.num_coarse(fine_BxTxD.shape[1], k)
-      z_BxTxD = pool(module.cfg, module.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{s}")
-      cache[f"top_{s}"] = z_BxTxD[:, -1:]
-      if t is None:
-        streams[i] = z_BxTxD
-      return cache if i == 0 else module._feed(i - 1, z_BxTxD, t, cache, streams)
-
-    if t is None:
-      return active(self, cache, window_BxVxD, None)
-    return nn.cond(t % s == 0, active, lambda module, cache, *_: cache, self, cache, window_BxVxD, t)
-
-  def _cached_attention(self, attention, h_BxTxD, cache, position):
-    scales = self.scales
-    n = len(scales.factors)
-    start = 0 if position is None else position
-    index_T = start + jnp.arange(h_BxTxD.shape[1])
-    streams = {n - 1: h_BxTxD}
-    cache = self._feed(n - 2, h_BxTxD, position, cache, streams)
-    if position is not None:  # each coarse group rewrites its newest token (the cond may not have run)
-      streams.update({i: cache[f"top_{s}"] for i, s in enumerate(scales.factors[:-1])})
-    caches, masks, positions_k = [], [], []
-    for g, (s, (back_start, back_stop)) in enumerate(zip(scales.factors, scales.windows)):
-      kv = cache[f"group_{g}"]
-      size, first_new = kv_cache.size(kv), index_T[0] // s
-      window = None if position is None else _window(size, s, back_start, back_stop, position)
-      first, count = (0, size) if window is None else window
-      last_S = (first + jnp.arange(count)) * s
-      caches.append(KVCache(kv, first_new, last_S, 1, size * s, window=window))
-      masks.append(retina_visible(index_T[:, None], last_S[None, :], s, back_start, back_stop))
-      positions_k.append((first_new + jnp.arange(streams[g].shape[1])) * s)
-    h_BxTxD, kvs = attention(h_BxTxD, [streams[g] for g in range(n)], index_T, positions_k, masks, True, caches)
-    cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
-    return h_BxTxD, cache
 
 
 class Retina(LayerOptions):

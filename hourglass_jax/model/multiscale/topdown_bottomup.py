@@ -11,17 +11,17 @@ output) and 'aggregate_<g>' (K/V of the aggregation layer's head group g), and i
 of scale s completes at position js, so scale s runs under `nn.cond(position % s == 0)`, nested by factor.
 """
 
+import functools
+
 import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.kv_cache import KVCache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
-from hourglass_jax.model.layers import (DecoderStack, causal_mask, dense, feed_forward_residual, layer_norm, pad_to,
-                                        rematerialised, stream_positions)
-from hourglass_jax.model.hourglass.resampling import upsample_mask
+from hourglass_jax.model.layers import DecoderStack, dense, feed_forward_residual, layer_norm, pad_to, rematerialised
 from hourglass_jax.model.multiscale.attention import ScaleAttention
-from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS, downsample, pool, pyramid, upsample
+from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, downsample, pool,
+                                                      pyramid, upsample)
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 from hourglass_jax.ops.dropout import Dropout
 
@@ -50,15 +50,15 @@ def merge(cfg: LayerConfig, e_BxLxD, u_BxLxD, deterministic: bool, name: str):
   return Dropout(cfg.dropout)(nn.gelu(h_BxLxD, approximate=True), deterministic=deterministic)
 
 
-def _stack(options, scales: MultiScale, i: int, name: str | None = None):
+def _stack(cfg: LayerConfig, scales: MultiScale, i: int):
   s = scales.factors[i]
-  return DecoderStack(num_layers=scales.layers[i], factor=s, **options, name=name or f"scale_{s}")
+  return DecoderStack(num_layers=scales.layers[i], factor=s, **cfg.options(), name=f"scale_{s}")
 
 
-def _cached_stack(options, scales: MultiScale, i: int, cache: dict, x_BxTxD, start):
+def _cached_stack(cfg: LayerConfig, scales: MultiScale, i: int, cache: dict, x_BxTxD, start):
   """Scale i's stack on its tokens start.. (extends cache['scale_<s>'])."""
   name = f"scale_{scales.factors[i]}"
-  y_BxTxD, cache[name] = _stack(options, scales, i)(x_BxTxD, True, cache[name], start + jnp.arange(x_BxTxD.shape[1]))
+  y_BxTxD, cache[name] = _stack(cfg, scales, i)(x_BxTxD, True, cache[name], start + jnp.arange(x_BxTxD.shape[1]))
   return y_BxTxD
 
 
@@ -89,7 +89,6 @@ class TopDown(LayerOptions):
     check_choice("TopDown.downsampler", self.downsampler, DOWNSAMPLERS)
     check_choice("TopDown.upsampler", self.upsampler, UPSAMPLERS)
     cfg = self.layer_config(x_BxLxD.shape[-1])
-    options = cfg.options()
     scales = self.parsed_scales(cfg.num_heads)
     if cache is not None:
       cache = dict(cache)
@@ -99,36 +98,36 @@ class TopDown(LayerOptions):
     factors = scales.factors
     length = x_BxLxD.shape[1]
     e = pyramid(cfg, self.downsampler, pad_to(x_BxLxD, scales.coarsest), factors, deterministic)
-    z = _stack(options, scales, 0)(e[0], deterministic)
+    z = _stack(cfg, scales, 0)(e[0], deterministic)
     for i in range(1, len(factors)):
       u = upsample(cfg, self.upsampler, z, scales.relative_factor(i), deterministic, f"upsample_{factors[i - 1]}")
-      z = _stack(options, scales, i)(merge(cfg, e[i], u, deterministic, f"merge_{factors[i]}"), deterministic)
+      z = _stack(cfg, scales, i)(merge(cfg, e[i], u, deterministic, f"merge_{factors[i]}"), deterministic)
     return z[:, :length]
 
   def _prefill(self, cfg, scales, x_BxTxD, cache):
-    factors, options = scales.factors, cfg.options()
+    factors = scales.factors
     e = {len(factors) - 1: x_BxTxD}  # the pooled inputs, fine to coarse
     for i in range(len(factors) - 2, -1, -1):
       k = scales.relative_factor(i + 1)
       window_BxVxD, cache[f"buf_{factors[i]}"] = kv_cache.shift_in(cache[f"buf_{factors[i]}"], e[i + 1])
       count = kv_cache.num_coarse(e[i + 1].shape[1], k)
       e[i] = pool(cfg, self.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{factors[i]}")
-    z_BxTxD = _cached_stack(options, scales, 0, cache, e[0], 0)
+    z_BxTxD = _cached_stack(cfg, scales, 0, cache, e[0], 0)
     for i in range(1, len(factors)):
       k, coarse = scales.relative_factor(i), factors[i - 1]
       rows_BxRxD = upsample(cfg, self.upsampler, z_BxTxD, k, True, f"upsample_{coarse}")
       cache[f"rows_{coarse}"] = rows_BxRxD[:, -k:]
       h_BxTxD = merge(cfg, e[i], rows_BxRxD[:, :e[i].shape[1]], True, f"merge_{factors[i]}")
-      z_BxTxD = _cached_stack(options, scales, i, cache, h_BxTxD, 0)
+      z_BxTxD = _cached_stack(cfg, scales, i, cache, h_BxTxD, 0)
     return z_BxTxD
 
   def _step(self, cfg, scales, i: int, e_Bx1xD, t, cache):
     """Scale i at position t (a multiple of its factor): the coarser scales whose token completes at t, then this
     scale's stack on its token t // s; returns its output [B, 1, D] (`cache` updated in place)."""
-    factors, options = scales.factors, cfg.options()
+    factors = scales.factors
     j = t // factors[i]
     if i == 0:
-      return _cached_stack(options, scales, 0, cache, e_Bx1xD, j)
+      return _cached_stack(cfg, scales, 0, cache, e_Bx1xD, j)
     k, coarse = scales.relative_factor(i), factors[i - 1]
     window_BxKxD, cache[f"buf_{coarse}"] = kv_cache.shift_in(cache[f"buf_{coarse}"], e_Bx1xD)
 
@@ -142,39 +141,29 @@ class TopDown(LayerOptions):
     cache.update(nn.cond(t % coarse == 0, coarser, lambda module, cache, *_: cache, self, dict(cache), window_BxKxD,
                          t))
     u_Bx1xD = jnp.take(cache[f"rows_{coarse}"], (j % k)[None], axis=1)
-    return _cached_stack(options, scales, i, cache, merge(cfg, e_Bx1xD, u_Bx1xD, True, f"merge_{factors[i]}"), j)
+    return _cached_stack(cfg, scales, i, cache, merge(cfg, e_Bx1xD, u_Bx1xD, True, f"merge_{factors[i]}"), j)
 
 
 class AggregationBlock(nn.Module):
   """Pre-LN block at scale 1 whose head groups attend causally to the streams of the different scales.
 
   `streams` are aligned with the scales (coarse to fine); the scale-1 group attends to the block's own normed input.
-  Cached (`kvs` the groups' K/V caches, `index_T` the entries of x's rows): streams hold each coarse scale's tokens
-  from index_T[0] // s (all of the prompt's, or the newest); returns (y, kvs).
+  Cached (`kvs` the groups' K/V caches, `position` as in `ScaleAttention`): streams hold each coarse scale's new
+  tokens (all of the prompt's, or the newest); returns (y, kvs).
   """
   cfg: LayerConfig
   scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, index_T=None):
+  def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, position=None):
     cfg = self.cfg
-    factors = self.scales.factors
-    length = x_BxLxD.shape[1]
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
-    attention = ScaleAttention(cfg, self.scales.heads, name="attention")
+    attention = ScaleAttention(cfg, self.scales, name="attention")
     rows = list(streams[:-1]) + [h_BxLxD]
     if kvs is not None:
-      caches, masks, positions_k = [], [], []
-      for kv, s, rows_BxSxD in zip(kvs, factors, rows):
-        entries_S, first = jnp.arange(kv_cache.size(kv)), index_T[0] // s
-        caches.append(KVCache(kv, first, entries_S * s, 1, kv_cache.size(kv) * s))
-        masks.append(entries_S[None, :] <= (index_T // s)[:, None])
-        positions_k.append((first + jnp.arange(rows_BxSxD.shape[1])) * s)
-      h_BxLxD, kvs = attention(h_BxLxD, rows, index_T, positions_k, masks, deterministic, caches)
+      h_BxLxD, kvs = attention(h_BxLxD, rows, deterministic, kvs, position)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kvs
-    masks = [upsample_mask(length, s) for s in factors[:-1]] + [causal_mask(length)]
-    positions_k = [stream_positions(length // s, s) for s in factors]
-    h_BxLxD = attention(h_BxLxD, rows, stream_positions(length, 1), positions_k, masks, deterministic)
+    h_BxLxD = attention(h_BxLxD, rows, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
@@ -203,54 +192,28 @@ class BottomUp(LayerOptions):
   def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None):
     check_choice("BottomUp.downsampler", self.downsampler, DOWNSAMPLERS)
     cfg = self.layer_config(x_BxLxD.shape[-1])
-    options = cfg.options()
     scales = self.parsed_scales(cfg.num_heads)
     factors = scales.factors
     if cache is not None:
-      return self._decode(cfg, scales, x_BxLxD, dict(cache), position)
+      return self._decode(cfg, scales, x_BxLxD, cache, position)
     length = x_BxLxD.shape[1]
     x_BxLxD = pad_to(x_BxLxD, scales.coarsest)
     streams = [x_BxLxD]
     for i in range(len(factors) - 2, -1, -1):
       z = downsample(cfg, self.downsampler, streams[0], scales.relative_factor(i + 1), deterministic,
                      f"downsample_{factors[i]}")
-      streams.insert(0, _stack(options, scales, i)(z, deterministic))
+      streams.insert(0, _stack(cfg, scales, i)(z, deterministic))
     aggregate = rematerialised(cfg, AggregationBlock, static_argnums=(3,))
     x_BxLxD = aggregate(cfg, scales, name="aggregate")(x_BxLxD, tuple(streams), deterministic)
-    y_BxLxD = _stack(options, scales, len(factors) - 1, "scale_1")(x_BxLxD, deterministic)
+    y_BxLxD = _stack(cfg, scales, len(factors) - 1)(x_BxLxD, deterministic)
     return y_BxLxD[:, :length]
-
-  def _feed(self, cfg, scales, i: int, fine_BxTxD, t, cache, streams):
-    """The finer stream (scale i+1) produced `fine` (its tokens up to position t, or the prompt's): pools scale
-    i's tokens that completed, runs its stack, and feeds scale i-1 in turn (a prefill collects the outputs in
-    `streams`)."""
-    s, k = scales.factors[i], scales.relative_factor(i + 1)
-    window_BxVxD, cache[f"buf_{s}"] = kv_cache.shift_in(cache[f"buf_{s}"], fine_BxTxD)
-
-    def active(module, cache, window_BxVxD, t):
-      cache = dict(cache)
-      count = 1 if t is not None else kv_cache.num_coarse(fine_BxTxD.shape[1], k)
-      z_BxTxD = pool(cfg, module.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{s}")
-      o_BxTxD = _cached_stack(cfg.options(), scales, i, cache, z_BxTxD, 0 if t is None else t // s)
-      cache[f"top_{s}"] = o_BxTxD[:, -1:]
-      if t is None:
-        streams[i] = o_BxTxD
-      return cache if i == 0 else module._feed(cfg, scales, i - 1, o_BxTxD, t, cache, streams)
-
-    if t is None:
-      return active(self, cache, window_BxVxD, None)
-    return nn.cond(t % s == 0, active, lambda module, cache, *_: cache, self, cache, window_BxVxD, t)
 
   def _decode(self, cfg, scales, x_BxTxD, cache, position):
     n = len(scales.factors)
     start = 0 if position is None else position
-    index_T = start + jnp.arange(x_BxTxD.shape[1])
-    streams = {}
-    cache = self._feed(cfg, scales, n - 2, x_BxTxD, position, cache, streams)
-    if position is not None:  # a step: each coarse group rewrites its newest token (the cond may not have run)
-      streams = {i: cache[f"top_{s}"] for i, s in enumerate(scales.factors[:-1])}
-    coarse = [streams[i] for i in range(n - 1)]
+    coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, x_BxTxD, position, cache,
+                                   functools.partial(_cached_stack, cfg, scales))
     kvs = [cache[f"aggregate_{g}"] for g in range(n)]
-    x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, index_T)
+    x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, position)
     cache.update({f"aggregate_{g}": kv for g, kv in enumerate(kvs)})
-    return _cached_stack(cfg.options(), scales, n - 1, cache, x_BxTxD, start), cache
+    return _cached_stack(cfg, scales, n - 1, cache, x_BxTxD, start), cache
