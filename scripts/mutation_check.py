@@ -123,7 +123,7 @@ MUTANTS = [
            "a bad setting (ValueError) ends hourglass-train in a traceback instead of one `error:` line",
            (T + "test_main.py::test_a_workdir_that_cannot_be_a_folder_ends_in_one_line",
             T + "test_train_errors.py::test_out_of_range_settings_end_the_command_before_compiling")),
-    Mutant("eval_weights_ignored", "hourglass_jax/train/evaluate.py",
+    Mutant("eval_weights_ignored", "hourglass_jax/train/trainer.py",
            "loss_sum=(losses_BxL * weights_BxL).sum()", "loss_sum=losses_BxL.sum()",
            "evaluation sums every prediction's loss, also those its window weights exclude (overlaps, padding)",
            (T + "test_data_eval.py::test_evaluate_scores_the_whole_split_once_under_each_protocol",)),
