@@ -102,16 +102,6 @@ def pool_segments(x_BxLxD, ids_BxL, max_segments: int, weights_BxL=None):
   return z_BxMxD.astype(x_BxLxD.dtype), count_BxM
 
 
-def segment_ends(boundaries_BxL, ids_BxL, max_segments: int):
-  """(position [B, M] of each segment's last position e_j, completed [B, M]): a segment j < M-1 completes at its
-  boundary. An incomplete segment (empty, the open last one, the merged tail) gets the row length as position."""
-  length = boundaries_BxL.shape[1]
-  closing_BxL = jnp.where(boundaries_BxL, jnp.arange(length)[None, :], -1)
-  end_BxM = _segment_reduce(jax.ops.segment_max, closing_BxL, ids_BxL, max_segments)
-  completed_BxM = (end_BxM >= 0) & (jnp.arange(max_segments) < max_segments - 1)[None, :]
-  return jnp.where(completed_BxM, end_BxM, length), completed_BxM
-
-
 def upsample_segments(y_BxMxD, completed_BxL, weights_BxL=None):
   """[B, L, D]: position t gets y[r_t - 1], the output of the newest segment completed at or before t
   (`completed_segments`; zeros while r_t = 0), times `weights_BxL` when given (ones in value, for their
