@@ -32,6 +32,15 @@ def padded_length(cfg: ModelConfig, max_len: int) -> int:
   return -(-max_len // cfg.pad_multiple) * cfg.pad_multiple
 
 
+def _empty_state(cfg: ModelConfig, batch: int, max_len: int):
+  """The body's empty cache arrays for `batch` sequences of up to `max_len` tokens."""
+  if not isinstance(max_len, int) or max_len < 1:
+    raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
+  if cfg.kind == "retina":
+    check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
+  return build_body(cfg).new_cache(batch, padded_length(cfg, max_len), cfg.d_model)
+
+
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
   """Empty cache for `batch` sequences of up to `max_len` tokens: {'state': the body's arrays (its `new_cache`),
   'tables': the relative-position distance tables}.
@@ -39,20 +48,14 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
   position='relative' needs `params`: the attention modules make their tables here, on a 1-token call. Decoding
   may start from an empty cache at position 0 without a prefill.
   """
-  if not isinstance(max_len, int) or max_len < 1:
-    raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
-  if cfg.kind == "retina":
-    check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
-  padded = padded_length(cfg, max_len)
-  body = build_body(cfg)
+  state = _empty_state(cfg, batch, max_len)
   tables = {}
   if cfg.position == "relative":
     if params is None:
       raise ValueError("init_cache: position='relative' needs `params` to build its relative-position tables.")
-    _, made = HourglassLM(cfg).apply({"params": unbox_params(params)}, jnp.zeros((1, 1), jnp.int32),
-                                     cache=body.new_cache(1, padded, cfg.d_model), mutable=["tables"])
-    tables = made["tables"]
-  return {"state": body.new_cache(batch, padded, cfg.d_model), "tables": tables}
+    tables = _run(params, cfg, {"state": _empty_state(cfg, 1, max_len), "tables": {}},
+                  jnp.zeros((1, 1), jnp.int32), None)[0]["tables"]
+  return {"state": state, "tables": tables}
 
 
 def cache_length(cache) -> int:
@@ -62,9 +65,14 @@ def cache_length(cache) -> int:
 
 
 def _run(params, cfg, cache, tokens_BxT, position):
-  logits_BxV, state = HourglassLM(cfg).apply({"params": unbox_params(params), "tables": cache["tables"]},
-                                             tokens_BxT, cache=cache["state"], position=position)
-  return dict(cache, state=state), logits_BxV
+  """(cache, logits) after feeding tokens_BxT; a cache without tables gets them made in this same call."""
+  variables = {"params": unbox_params(params), "tables": cache["tables"]}
+  if cache["tables"] or cfg.position != "relative":
+    logits_BxV, state = HourglassLM(cfg).apply(variables, tokens_BxT, cache=cache["state"], position=position)
+    return dict(cache, state=state), logits_BxV
+  (logits_BxV, state), made = HourglassLM(cfg).apply(variables, tokens_BxT, cache=cache["state"],
+                                                     position=position, mutable=["tables"])
+  return {"state": state, "tables": made["tables"]}, logits_BxV
 
 
 def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
@@ -81,8 +89,8 @@ def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
                      "prediction is conditioned on a real token (e.g. a newline byte).")
   if length > max_len:
     raise ValueError(f"the prompt has {length} tokens but the cache holds max_len={max_len}; raise max_len.")
-  cache = init_cache(cfg, prompt_BxP.shape[0], max_len, params)
-  return _run(params, cfg, cache, prompt_BxP, None)
+  # The prompt's own pass makes the relative-position tables: one apply of the model, not two.
+  return _run(params, cfg, {"state": _empty_state(cfg, prompt_BxP.shape[0], max_len), "tables": {}}, prompt_BxP, None)
 
 
 def decode_step(params, cfg: ModelConfig, cache, token_B, position):
