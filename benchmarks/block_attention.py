@@ -106,7 +106,7 @@ def print_rows(rows):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--cases", default="causal_1024,causal_2048,shorten_2046,upsample_2046")
   parser.add_argument("--batches", default="1,4")

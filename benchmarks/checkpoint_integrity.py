@@ -33,7 +33,7 @@ def _trainer_and_state(model: dict):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--directory", default=None, help="where to write the checkpoints (default: a temp dir)")
   parser.add_argument("--quick", action="store_true", help="a narrow model, 2 rounds")

@@ -83,7 +83,7 @@ def step_times(seq_len: int, batch: int, rounds: int) -> dict:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--case", default="", help=argparse.SUPPRESS)
   parser.add_argument("--seq_len", type=int, default=2048)
   parser.add_argument("--batch", type=int, default=1)

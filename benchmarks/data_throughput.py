@@ -90,7 +90,7 @@ def fake_enwik8(folder: pathlib.Path, megabytes: int) -> int:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--enwik8_mb", type=int, default=20)
   parser.add_argument("--seconds", type=float, default=3.0)
   args = parser.parse_args()

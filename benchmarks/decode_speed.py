@@ -179,7 +179,7 @@ def profile_hourglass(models, length, flags, clock):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
   parser.add_argument("--models", default="", help="a ';'-separated subset of the model names (default: all)")
   parser.add_argument("--uncached_max", type=int, default=2048, help="longest length timed without the cache")

@@ -58,7 +58,7 @@ DRY = dict(model=dict(d_model=32, num_heads=2, d_ff=64), seq_len=48, batch=2, de
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--dry-run", dest="dry_run", action="store_true", help="tiny sizes on any backend (CI)")
   parser.add_argument("--budget_s", type=float, default=420.0, help="the whole battery's wall-clock bound")
   parser.add_argument("--tests_s", type=float, default=120.0, help="bound of the pytest stage")

@@ -16,7 +16,7 @@ from benchmarks import common  # noqa: E402
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--presets", default="whitespace,gumbel/whitespace,every2,every2",
                       help="configs/dynamic.py arguments, separated by '/'")
   parser.add_argument("--steps", type=int, default=400)

@@ -33,7 +33,7 @@ QUICK = dict(budget_tflop=0.01, seeds="0", seq_len=64, batch=4, model="d_model=3
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--presets", default="vanilla,hourglass")
   parser.add_argument("--budget_tflop", type=float, default=0.5, help="training FLOPs per run (analytic)")

@@ -53,7 +53,7 @@ def measure_peaks(sizes=(1024, 2048), dtypes=("float32", "bfloat16"), seconds: f
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--sizes", default="1024,2048,4096")
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--seconds", type=float, default=2.0)

@@ -78,7 +78,7 @@ def markdown(rows: list[dict], batch: int, seq_len: int, backend: str) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq_len", type=int, default=512)
   parser.add_argument("--presets", default="", help="comma-separated; default: every full-size preset")

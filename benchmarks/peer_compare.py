@@ -59,7 +59,7 @@ class Worker:
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--seq_len", type=int, default=768,
                       help="a multiple of 3: the peer fails on other lengths (NameError in its pad_to_multiple)")

@@ -112,7 +112,7 @@ def page(results: pathlib.Path = RESULTS) -> str:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--check", action="store_true", help="compare BENCHMARKS.md with what the results make")
   parser.add_argument("--results", default=str(RESULTS))
   args = parser.parse_args(argv)

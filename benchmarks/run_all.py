@@ -28,7 +28,7 @@ QUICK = (("throughput.py", "--quick"), ("peer_compare.py", "--quick"), ("learnin
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--only", default="", help="comma-separated script names to run (default all)")
   args = parser.parse_args()

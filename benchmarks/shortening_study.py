@@ -73,7 +73,7 @@ QUICK = dict(budgets_tflop="0.002,0.004,0.008", learning_rates="3e-3", seeds="0"
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true", help="tiny models and budgets: checks the script in a minute")
   parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of: {', '.join(MODELS)}")
   parser.add_argument("--budgets_tflop", default="1,4,16", help="analytic training FLOPs per run, ascending")

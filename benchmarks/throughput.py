@@ -24,7 +24,8 @@ import time  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import plots  # noqa: E402
-from benchmarks.common import append_result, available_bytes, interleave, loadavg, median, parse_overrides, parse_with_quick  # noqa: E402
+from benchmarks.common import (append_result, available_bytes, interleave, loadavg, median,  # noqa: E402
+                               parse_overrides, parse_with_quick)
 from benchmarks.matmul_peak import MatmulProbe  # noqa: E402
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import StepRunner, compile_step  # noqa: E402
@@ -35,7 +36,7 @@ QUICK = dict(presets="vanilla,hourglass", lengths="256", dtypes="float32", round
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true", help="tiny settings that finish in about a minute")
   parser.add_argument("--presets", default="vanilla,hourglass,topdown@float32",
                       help="benchmarks/models.py names; name@dtype limits one to that dtype")

@@ -79,7 +79,7 @@ def train(steps: int, batch_size: int = 32, learning_rate: float = 3e-3, seed: i
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--learning_rate", type=float, default=3e-3)

@@ -235,7 +235,7 @@ def table(results) -> str:
 
 
 def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--repo", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1],
                       help="the checkout to copy (default: the one this script lives in)")
   parser.add_argument("--only", help="comma-separated mutant names")

@@ -46,7 +46,7 @@ def table(record: dict, rows: int) -> str:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("report", type=pathlib.Path, help="pytest --junitxml file")
   parser.add_argument("--wall", type=float, required=True, help="the run's wall-clock seconds")
   parser.add_argument("--label", default="", help="what was run, e.g. 'fresh clone, bash .ci/run'")

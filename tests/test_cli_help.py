@@ -1,5 +1,8 @@
-"""`--help` of every command prints what it does, an example and its own flags, not only "Try --helpfull"."""
+"""`--help` of every command prints what it does, an example and its own flags, not only "Try --helpfull"; every
+script under benchmarks/, scripts/ and examples/ prints its whole description."""
 
+import importlib.util
+import pathlib
 import sys
 
 import pytest
@@ -10,6 +13,9 @@ from tests.helpers import run
 ENTRIES = {"train_entry": usage.TRAIN_FLAGS, "eval_entry": usage.EVAL_FLAGS, "data_entry": usage.DATA_FLAGS,
            "sample_entry": usage.SAMPLE_FLAGS}
 ABSL_AND_JAX = ("--verbosity", "--jax_platforms", "--only_check_args")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(path for folder in ("benchmarks", "scripts", "examples") for path in (REPO / folder).glob("*.py")
+                 if "ArgumentParser(" in path.read_text())
 
 
 def _assert_lists_own_flags(text: str, names, command: str) -> None:
@@ -55,3 +61,18 @@ def test_helpfull_keeps_every_flag(monkeypatch, capsys):
     main.train_entry()
   text = capsys.readouterr().out
   assert "--verbosity" in text and "--workdir" in text
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_every_scripts_help_prints_its_whole_description(path, monkeypatch, capsys):
+  """The module docstring (what the script does, how to run it, what it writes), not its first line cut short."""
+  monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/x.py` runs it: some import `common`
+  spec = importlib.util.spec_from_file_location(f"help_of_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+  with pytest.raises(SystemExit) as exited:
+    module.main()
+  assert exited.value.code == 0
+  printed = " ".join(capsys.readouterr().out.split())
+  assert " ".join(module.__doc__.split()) in printed, printed
