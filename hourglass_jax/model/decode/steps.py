@@ -32,13 +32,13 @@ def padded_length(cfg: ModelConfig, max_len: int) -> int:
   return -(-max_len // cfg.pad_multiple) * cfg.pad_multiple
 
 
-def _empty_state(cfg: ModelConfig, batch: int, max_len: int):
-  """The body's empty cache arrays for `batch` sequences of up to `max_len` tokens."""
+def _empty_cache(cfg: ModelConfig, batch: int, max_len: int):
+  """The body's empty cache arrays for `batch` sequences of up to `max_len` tokens, and no tables yet."""
   if not isinstance(max_len, int) or max_len < 1:
     raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
   if cfg.kind == "retina":
     check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
-  return build_body(cfg).new_cache(batch, padded_length(cfg, max_len), cfg.d_model)
+  return {"state": build_body(cfg).new_cache(batch, padded_length(cfg, max_len), cfg.d_model), "tables": {}}
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
@@ -48,14 +48,12 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, params=None):
   position='relative' needs `params`: the attention modules make their tables here, on a 1-token call. Decoding
   may start from an empty cache at position 0 without a prefill.
   """
-  state = _empty_state(cfg, batch, max_len)
-  tables = {}
+  cache = _empty_cache(cfg, batch, max_len)
   if cfg.position == "relative":
     if params is None:
       raise ValueError("init_cache: position='relative' needs `params` to build its relative-position tables.")
-    tables = _run(params, cfg, {"state": _empty_state(cfg, 1, max_len), "tables": {}},
-                  jnp.zeros((1, 1), jnp.int32), None)[0]["tables"]
-  return {"state": state, "tables": tables}
+    cache["tables"] = _run(params, cfg, _empty_cache(cfg, 1, max_len), jnp.zeros((1, 1), jnp.int32), None)[0]["tables"]
+  return cache
 
 
 def cache_length(cache) -> int:
@@ -89,8 +87,8 @@ def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
                      "prediction is conditioned on a real token (e.g. a newline byte).")
   if length > max_len:
     raise ValueError(f"the prompt has {length} tokens but the cache holds max_len={max_len}; raise max_len.")
-  # The prompt's own pass makes the relative-position tables: one apply of the model, not two.
-  return _run(params, cfg, {"state": _empty_state(cfg, prompt_BxP.shape[0], max_len), "tables": {}}, prompt_BxP, None)
+  # The prompt's own pass makes the relative-position tables, so the model is applied once.
+  return _run(params, cfg, _empty_cache(cfg, prompt_BxP.shape[0], max_len), prompt_BxP, None)
 
 
 def decode_step(params, cfg: ModelConfig, cache, token_B, position):
