@@ -3,7 +3,9 @@ K [B, heads, head_dim, S] and V [B, heads, S, head_dim] (a scanned stack adds a 
 
 Attention (layers.head_attention) takes a `KVCache` in place of its full key stream (MultiHeadAttention is given
 one, ScaleAttention makes one per head group): it writes the new rows' keys and values and attends over its entries.
-A pooled stream keeps its last k-1 rows in a buffer (`shift_in`): the causal shift, applied row by row.
+A pooled stream is kept whole (`new_stream`, with the causal shift's zero rows in front), so every cache is indexed
+by position: a cache extended past t holds what it held at t in its entries before t, and decoding can go back to
+any earlier position by passing it (the entries past it are overwritten as they are fed again).
 """
 
 from typing import Any, NamedTuple
@@ -103,10 +105,47 @@ def relative_bias(cfg, qv_BxTxNxH, table_NxRxH, positions_q_T, cache: KVCache):
   return jnp.take_along_axis(pos_BxNxTxR, index_TxS[None, None], axis=-1) * (cfg.head_dim ** -0.5)
 
 
-def shift_in(buf_BxWxD, new_BxTxD):
-  """(window = the last W buffered vectors followed by the new ones, the buffer's next value = its last W)."""
-  window_BxVxD = jnp.concatenate([buf_BxWxD, new_BxTxD], axis=1)
-  return window_BxVxD, window_BxVxD[:, window_BxVxD.shape[1] - buf_BxWxD.shape[1]:]
+def new_stream(cfg, batch: int, size: int, lead: int = 0):
+  """A stream store: `size` rows [B, lead + size, D] of zeros, entry m at row lead + m (`lead` zero rows in front
+  are the causal shift of a pooled stream: a window of k rows ending at entry m starts at row m)."""
+  return jnp.zeros((batch, lead + size, cfg.d_model), cfg.compute_dtype)
+
+
+def write_rows(store_BxSxD, rows_BxTxD, first):
+  """`store` with rows_BxTxD at rows first.. (first + T <= S: dynamic_update_slice would clamp otherwise)."""
+  return lax.dynamic_update_slice_in_dim(store_BxSxD, rows_BxTxD.astype(store_BxSxD.dtype), first, 1)
+
+
+def read_rows(store_BxSxD, first, count: int):
+  return lax.dynamic_slice_in_dim(store_BxSxD, first, count, 1)
+
+
+class Coarse(NamedTuple):
+  """The coarse tokens that fine entries start .. start+T-1 complete (token j, pooling fine entries jk-k+1 .. jk,
+  completes at jk): `count` (static) tokens from `first`, clamped so that first + count <= size (the tokens before
+  the first new one are recomputed from the stored stream then: the same values); `any_new`: whether one completes
+  (a Python bool where it is known statically, else a traced one)."""
+  first: Any
+  count: int
+  any_new: Any
+
+
+def coarse_tokens(start, length: int, k: int, size: int) -> Coarse:
+  """`Coarse` for fine entries start .. start+length-1 (start an int, or traced) and a coarse stream of `size`."""
+  count = min(size, -(-length // k))
+  if isinstance(start, int):
+    first_new = -(-start // k)
+    return Coarse(min(first_new, size - count), count, (start + length - 1) // k >= first_new)
+  first_new = -(-start // k)
+  any_new = True if length >= k else (start + length - 1) // k >= first_new
+  return Coarse(jnp.minimum(first_new, size - count), count, any_new)
+
+
+def coarse_read(start, length: int, k: int, size: int):
+  """(first, count): the coarse tokens that fine entries start .. start+length-1 read (token q // k for entry q),
+  clamped into the stream of `size`."""
+  count = min(size, (length + k - 2) // k + 1)
+  return (min(start // k, size - count) if isinstance(start, int) else jnp.minimum(start // k, size - count)), count
 
 
 def num_coarse(num_fine: int, k: int) -> int:

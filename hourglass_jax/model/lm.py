@@ -36,12 +36,13 @@ class HourglassLM(nn.Module):
 
   Serves every kind: the body is picked by `cfg.kind` (a single-level hierarchy is the vanilla decoder stack).
   Ids outside [0, vocab) raise ValueError when concrete; under jit their row's logits are all NaN (checks.py).
-  With a `cache` (model/decode) it returns (logits [B, vocab] of the last token, cache) instead.
+  With a `cache` (model/decode) it feeds the tokens at entries position.. (0.. when None) and returns (logits
+  [B, vocab] of the last token, or [B, L, vocab] of every token with `every_logit`, cache) instead.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_BxL, deterministic: bool = True, cache=None, position=None):
+  def __call__(self, tokens_BxL, deterministic: bool = True, cache=None, position=None, every_logit: bool = False):
     cfg = self.cfg
     tokens_BxL = check_tokens(tokens_BxL, cfg.vocab_size, "tokens")
     check_dtype_runs_here(cfg.dtype, "model.")
@@ -50,10 +51,10 @@ class HourglassLM(nn.Module):
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, name="embed",
                      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))
     head = dense(cfg.layer_config, cfg.vocab_size, ("embed", "vocab"), "head")
-    if cache is not None:  # model/decode: tokens at entries position.. (0.. when None); logits of the last one
+    if cache is not None:
       x_BxTxD = nan_rows_with_bad_ids(embed(tokens_BxL), tokens_BxL, cfg.vocab_size)
       x_BxTxD, cache = build_body(cfg)(x_BxTxD, True, cache, position, **self._from_tokens(tokens_BxL))
-      return head(x_BxTxD[:, -1]).astype(jnp.float32), cache
+      return head(x_BxTxD if every_logit else x_BxTxD[:, -1]).astype(jnp.float32), cache
     length = tokens_BxL.shape[1]
     if cfg.kind == "retina":
       check_windows_fit(cfg.parsed_scales, cfg.retina_windows, length)

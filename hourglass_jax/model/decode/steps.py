@@ -1,13 +1,18 @@
 """Incremental (KV-cache) decoding for every model kind: prefill a prompt in one parallel pass, then one token per
-step, with logits equal to `build_model(cfg).apply` position by position.
+step (`decode_step`) or K at once (`extend`, what a speculative decoder verifies with), with logits equal to
+`build_model(cfg).apply` position by position.
 
 There is no second copy of the model here: `HourglassLM` and its modules take a `cache` and a `position` and
 return the cache (gemma's `Block(x, cache) -> (y, cache)`), so a change to a block changes decoding with it. Each
 body documents its cache (hourglass/body.py, multiscale/topdown_bottomup.py, multiscale/retina.py; K/V caches in
-kv_cache.py). A shortened level or
-coarse scale advances only when its next token becomes computable (under nn.cond), so a level at total factor F
-runs once every F tokens. Relative-position tables (W_r R(d) for every distance) are made once per cache, in the
-'tables' collection. Sampling and `generate` (a jit-compiled decode loop) live in sampling.py.
+kv_cache.py). A shortened level or coarse scale runs for the tokens the new rows complete (under nn.cond when they
+may complete none), so fed one token at a time a level at total factor F runs once every F tokens.
+
+Every cache entry is indexed by position, and nothing else is kept: a cache fed through position t + K - 1 holds, in
+its entries before t + j, exactly what it held when fed through t + j - 1. Going back to t + j (the bytes a
+verifier rejected) is feeding position t + j next; nothing is copied. Relative-position tables (W_r R(d) for every
+distance) are made once per cache, in the 'tables' collection. Sampling and `generate` (a jit-compiled decode loop)
+live in sampling.py, speculative decoding in speculative.py.
 """
 
 import flax.linen as nn
@@ -62,15 +67,16 @@ def cache_length(cache) -> int:
   return max(leaf.shape[-2] for path, leaf in leaves if getattr(path[-1], "key", None) == "v")
 
 
-def _run(params, cfg, cache, tokens_BxT, position):
+def _run(params, cfg, cache, tokens_BxT, position, every_logit: bool = False):
   """(cache, logits) after feeding tokens_BxT; a cache without tables gets them made in this same call."""
   variables = {"params": unbox_params(params), "tables": cache["tables"]}
+  apply = lambda **kw: HourglassLM(cfg).apply(variables, tokens_BxT, cache=cache["state"], position=position,
+                                              every_logit=every_logit, **kw)
   if cache["tables"] or cfg.position != "relative":
-    logits_BxV, state = HourglassLM(cfg).apply(variables, tokens_BxT, cache=cache["state"], position=position)
-    return dict(cache, state=state), logits_BxV
-  (logits_BxV, state), made = HourglassLM(cfg).apply(variables, tokens_BxT, cache=cache["state"],
-                                                     position=position, mutable=["tables"])
-  return {"state": state, "tables": made["tables"]}, logits_BxV
+    logits, state = apply()
+    return dict(cache, state=state), logits
+  (logits, state), made = apply(mutable=["tables"])
+  return {"state": state, "tables": made["tables"]}, logits
 
 
 def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
@@ -111,3 +117,57 @@ def decode_step(params, cfg: ModelConfig, cache, token_B, position):
   if not is_checkable(position):
     logits_BxV = jnp.where((position < 0) | (position >= size), jnp.nan, logits_BxV)
   return cache, logits_BxV
+
+
+def batch_axes(cfg: ModelConfig, cache):
+  """The batch axis of each of the cache's state arrays (K/V stacks carry a leading layer axis), as a tree like
+  cache['state']: where an empty cache for 2 sequences differs from one for 1."""
+  size = cache_length(cache)
+  one, two = (jax.eval_shape(lambda: _empty_cache(cfg, batch, size)["state"]) for batch in (1, 2))
+  return jax.tree.map(lambda a, b: next(i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n), one, two)
+
+
+def extend(params, cfg: ModelConfig, cache, tokens_BxK, position):
+  """Feeds K tokens per row in one pass; returns (cache, logits [B, K, vocab]): logits[:, i] are the forward pass's
+  at the position of tokens[:, i] (they predict the token after it).
+
+  `position` is the first token's position: an int or int scalar for every row, or int [B] for each row its own
+  (rows a speculative decoder advanced by different counts; then the pass is mapped over the rows with jax.vmap).
+  The K tokens go through every layer together, attending to the cache and to each other; a shortened level runs
+  once for the tokens they complete. The cache must hold position + K entries (`cache_length`): a concrete position
+  out of range raises ValueError, a traced one gives that row NaN logits. To take the cache back to position + j
+  (j < K; the tokens a verifier rejected), feed position + j next: every entry is indexed by position, so nothing is
+  copied or undone.
+  """
+  tokens_BxK = jnp.asarray(check_tokens(tokens_BxK, cfg.vocab_size, "tokens_BxK"), jnp.int32)
+  batch, num = tokens_BxK.shape
+  if num < 1:
+    raise ValueError(f"tokens_BxK has shape {tokens_BxK.shape}: extend feeds at least one token per row.")
+  size = cache_length(cache)
+  if np.ndim(position) not in (0, 1) or (np.ndim(position) and np.shape(position) != (batch,)) or \
+      not jnp.issubdtype(jnp.result_type(position), jnp.integer):
+    raise ValueError(f"position={position!r} must be an integer scalar or int [{batch}] (one per row): the position "
+                     "of each row's first token.")
+  if is_checkable(position):
+    low, high = int(np.min(position)), int(np.max(position))
+    if low < 0 or high + num > size:
+      raise ValueError(f"extend: {num} tokens from position {low if low < 0 else high} do not fit the cache, which "
+                       f"holds positions [0, {size}); init the cache (or prefill) with a larger max_len.")
+  position = jnp.asarray(position, jnp.int32)
+  if not position.ndim:
+    cache, logits_BxKxV = _run(params, cfg, cache, tokens_BxK, position, every_logit=True)
+  else:
+    axes = batch_axes(cfg, cache)
+
+    def row(state, tokens_K, start):
+      state = jax.tree.map(jnp.expand_dims, state, axes)
+      new, logits_1xKxV = _run(params, cfg, dict(cache, state=state), tokens_K[None], start, every_logit=True)
+      return jax.tree.map(jnp.squeeze, new["state"], axes), logits_1xKxV[0]
+
+    state, logits_BxKxV = jax.vmap(row, in_axes=(axes, 0, 0), out_axes=(axes, 0))(cache["state"], tokens_BxK,
+                                                                                  position)
+    cache = dict(cache, state=state)
+  if not is_checkable(position):
+    bad_B = jnp.broadcast_to((position < 0) | (position + num > size), (batch,))
+    logits_BxKxV = jnp.where(bad_B[:, None, None], jnp.nan, logits_BxKxV)
+  return cache, logits_BxKxV

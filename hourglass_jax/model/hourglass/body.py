@@ -42,9 +42,9 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
 
 
 def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> int | None:
-  """Raises ValueError, naming the fix, for an input that is not a float [B, L, D] stream (non-empty: `outermost`;
-  a prefill passes an inner level no positions while the prompt completes none of its tokens), or a concrete cached
-  `position` outside the cache; returns the cache's entries (None without a cache)."""
+  """Raises ValueError, naming the fix, for an input that is not a float [B, L, D] stream (non-empty where
+  `outermost`), or concrete cached rows position.. that do not fit the cache; returns the cache's entries (None
+  without a cache)."""
   shape = tuple(getattr(x_BxLxD, "shape", ()))
   if len(shape) != 3:
     raise ValueError(f"Hourglass takes a stream x [batch, length, width], got shape {shape}; embed token ids first "
@@ -59,15 +59,12 @@ def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> 
   size = max(leaf.shape[-2] for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
              if getattr(path[-1], "key", None) == "v")
   if position is None:
-    if shape[1] > size:
-      raise ValueError(f"Hourglass: a prompt of {shape[1]} positions does not fit the cache of {size}; make the cache "
-                       "with new_cache(batch, length) for a larger length.")
-    return size
+    position = 0
   if np.ndim(position) or not jnp.issubdtype(jnp.result_type(position), jnp.integer):
-    raise ValueError(f"Hourglass: position={position!r} must be an integer scalar (the entry of x's single row).")
-  if is_checkable(position) and not 0 <= int(position) < size:
-    raise ValueError(f"Hourglass: position={int(position)} is outside the cache, which holds entries [0, {size}); "
-                     "make the cache with new_cache(batch, length) for a larger length.")
+    raise ValueError(f"Hourglass: position={position!r} must be an integer scalar (the entry of x's first row).")
+  if is_checkable(position) and not (0 <= int(position) and int(position) + shape[1] <= size):
+    raise ValueError(f"Hourglass: {shape[1]} rows from entry {int(position)} do not fit the cache, which holds "
+                     f"entries [0, {size}); make the cache with new_cache(batch, length) for a larger length.")
   return size
 
 
@@ -79,8 +76,10 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
   `Upsample`); `outer_factor` is the input stream's own shortening. Block settings: `LayerOptions`. Params: 'pre',
   'shorten', 'inner' (the next level, the same layout), 'upsample', 'post'; or 'layers' for a single level.
 
-  Cached decoding: `cache` from `new_cache` (entries in units of this stream), `position` None to prefill x's
-  rows as entries 0.. (a prompt), else the (traced) entry of x's single row; returns (y, cache).
+  Cached decoding: `cache` from `new_cache` (entries in units of this stream), `position` the (traced) entry of x's
+  first row (None: 0, a prompt); x's T rows are fed together, each attending to the cache and to the rows before
+  it; returns (y, cache). The cache is indexed by position: feeding rows from an earlier entry again (the rows a
+  speculative decoder rejected, replaced) overwrites what followed it.
 
   shorten='dynamic' passes `inputs` to the outermost level's predictor: boundaries='whitespace' takes
   `boundaries_BxL` (`whitespace_boundaries(tokens)`), and for run bytes whose runs close one segment `runs_BxL`
@@ -108,20 +107,20 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
     hierarchy = parse_hierarchy(self.hierarchy)
     size = check_stream(x_BxLxD, cache, position, self.outer_factor == 1)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
+    start = 0 if position is None else position
     if not hierarchy.depth:  # the center: a plain stack
       layers = self._stack(hierarchy.levels[0][0], "layers", options)
       if cache is None:
         return layers(x_BxLxD, deterministic)
-      start = 0 if position is None else position
       y_BxLxD, layers_cache = layers(x_BxLxD, True, cache["layers"], start + jnp.arange(x_BxLxD.shape[1]))
       cache = dict(cache, layers=layers_cache)
     else:
       level = dynamic_body if self.shorten == "dynamic" else fixed_body
       if cache is None:
         return level.forward(self, hierarchy, options, x_BxLxD, deterministic, lengths_B, **inputs)
-      y_BxLxD, cache = level.decode(self, hierarchy, options, x_BxLxD, cache, position, lengths_B, **inputs)
-    if position is not None and self.outer_factor == 1 and not is_checkable(position):
-      y_BxLxD = jnp.where((position < 0) | (position >= size), jnp.nan, y_BxLxD)  # as the LM's decode_step
+      y_BxLxD, cache = level.decode(self, hierarchy, options, x_BxLxD, cache, start, **inputs)
+    if self.outer_factor == 1 and not is_checkable(start):  # as the LM's decode_step
+      y_BxLxD = jnp.where((start < 0) | (start + x_BxLxD.shape[1] > size), jnp.nan, y_BxLxD)
     return y_BxLxD, cache
 
   def _predictors(self, hierarchy) -> tuple[str, ...]:

@@ -6,22 +6,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hourglass_jax.model import kv_cache
-from hourglass_jax.model.hourglass.dynamic import (completed_segments, segment_boundary_probs, segments_holding,
-                                                   smooth_segments, smooth_step)
-from hourglass_jax.model.hourglass.dynamic_cache import add_token, after_rows, new_segment_state, prefill_segments
+from hourglass_jax.model.hourglass import dynamic_cache
+from hourglass_jax.model.hourglass.dynamic import segments_holding, smooth_segments
 from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
 from hourglass_jax.model.hourglass.predictors import resolve
 
 
 def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: str):
-  """(this level's cache entries: the newest output 'z' and the segment state with what `predictor` keeps, the
-  inner level's stream length: the M segment slots of the forward pass, of which the M-1 that can complete are ever
-  written)."""
-  state = dict(new_segment_state(batch, cfg.d_model), **resolve(predictor)[0].new_state(batch, cfg.d_model,
-                                                                                        cfg.compute_dtype))
-  entries = dict(z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype), segment=state)
-  return entries, max_segments(padded, hierarchy.relative_factor(0), segment_capacity)
+  """(this level's cache entries: the per-position segment state with what `predictor` keeps, and per segment its
+  mean, boundary probability and output (dynamic_cache.py); the inner level's stream length: the M segment slots of
+  the forward pass, of which the M-1 that can complete are ever read)."""
+  num = max_segments(padded, hierarchy.relative_factor(0), segment_capacity)
+  dtype = cfg.compute_dtype
+  state = dynamic_cache.new_level_state(batch, padded, cfg.d_model,
+                                        resolve(predictor)[0].new_state(batch, cfg.d_model, dtype))
+  entries = dict(state=state, means=jnp.zeros((batch, num, cfg.d_model), dtype),
+                 probs=jnp.zeros((batch, num), jnp.float32), ybar=jnp.zeros((batch, num, cfg.d_model), dtype))
+  return entries, num
 
 
 def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **inputs):
@@ -36,85 +37,101 @@ def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **
   return body._stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
 
 
-def decode(body, hierarchy, options, x_BxTxD, cache, position, lengths_B=None, **inputs):
-  """`forward` with a cache (dynamic_cache.py): a prompt pools its segments and runs the inner level over them at
-  once; a token joins the open segment, closes it when its boundary says so, and reads the newest completed one.
-  A prompt's `lengths_B` (a level inside another dynamic one) are its rows' token counts."""
+def decode(body, hierarchy, options, x_BxTxD, cache, start, **inputs):
+  """`forward` with a cache (dynamic_cache.py) for x's T rows at stream entries start..: the tokens join and close
+  segments in order, the segments they close go through the inner level together, and each token reads the newest
+  segment completed at or before it."""
   length = x_BxTxD.shape[1]
-  index_T = (0 if position is None else position) + jnp.arange(length)
+  index_T = start + jnp.arange(length)
   cache = dict(cache)
   x_BxTxD, cache["pre"] = body._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
+  previous = dynamic_cache.state_before(cache["state"], start)
   b_BxT, probs_BxT, updates, pooled_BxTxD = body._dynamic_shorten(hierarchy, options)(
-      x_BxTxD, True, previous=cache["segment"], positions_L=index_T, **inputs)
-  state = after_rows(cache["segment"], updates, lengths_B)  # what the predictor keeps of the last token
-  num_segments = max_segments(kv_cache.size(cache["pre"]), hierarchy.relative_factor(0), body.segment_capacity)
-  if position is None:
-    if lengths_B is not None:
-      b_BxT &= jnp.arange(length)[None, :] < lengths_B[:, None]
-    z_BxNxD, ids_BxT, opened = prefill_segments(pooled_BxTxD, b_BxT, num_segments, lengths_B)
-    y_BxNxD, cache["inner"] = body._inner(hierarchy, options)(z_BxNxD, True, cache["inner"], None,
-                                                              lengths_B=opened["completed"])
-    if probs_BxT is not None:
-      boundary_probs_BxM = segment_boundary_probs(probs_BxT, b_BxT, ids_BxT, num_segments)
-      y_BxNxD = smooth_segments(y_BxNxD, boundary_probs_BxM[:, :y_BxNxD.shape[1]])
-    completed_B = opened["completed"]
-    cache["z"] = jnp.take_along_axis(y_BxNxD, jnp.maximum(completed_B - 1, 0)[:, None, None], axis=1)
-    state.update(opened)
-    completed_BxT = completed_segments(b_BxT, num_segments)
-  else:
-    state, closes_B, mean_Bx1xD = add_token(state, pooled_BxTxD, b_BxT[:, 0], num_segments)
-    entry_B = state["completed"] - 1
-    cache["z"], cache["inner"] = close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B,
-                                                None if probs_BxT is None else probs_BxT[:, 0], cache["z"],
-                                                cache["inner"])
-    y_BxNxD, completed_BxT = cache["z"], jnp.minimum(state["completed"], 1)[:, None]
-  cache["segment"] = state
-  y_BxTxD = DynamicUpsample(**options, name="upsample")(y_BxNxD, Segments(None, completed_BxT, None), x_BxTxD)
+      x_BxTxD, True, previous=previous, positions_L=index_T, **inputs)
+  num = cache["means"].shape[1]
+  after, closes_BxT, mean_BxTxD = dynamic_cache.add_tokens(previous, pooled_BxTxD, b_BxT, num)
+  cache["state"] = dynamic_cache.write_state(cache["state"], dict(after, **updates), start)
+  count = min(length, num - 1)  # slots for the segments the rows close (at most one per token)
+  closed_B = closes_BxT.sum(axis=1)
+  first_B = jnp.minimum(previous["completed"], num - count)  # so that the slots fit; earlier ones recompute
+  smooths = probs_BxT is not None  # H-Net's smoothing ('routing')
+  probs_BxT = jnp.zeros(b_BxT.shape, jnp.float32) if probs_BxT is None else probs_BxT.astype(jnp.float32)
+  mean_BxNxD, prob_BxN = dynamic_cache.closed_in_order(closes_BxT, count, mean_BxTxD, probs_BxT)
+  for name, rows in (("means", mean_BxNxD), ("probs", prob_BxN)):
+    cache[name] = dynamic_cache.put_rows(cache[name], rows, previous["completed"], closed_B)
+  z_BxNxD = dynamic_cache.take_rows(cache["means"], first_B, count)
+  y_BxNxD, cache["inner"] = run_inner(body, hierarchy, options, z_BxNxD, first_B, closed_B > 0, cache["inner"],
+                                      shared_first=0 if isinstance(start, int) and start == 0 else None)
+  if smooths:
+    y_BxNxD = _smoothed(cache, y_BxNxD, first_B, count)
+  old_BxNxD = dynamic_cache.take_rows(cache["ybar"], first_B, count)
+  y_BxNxD = jnp.where((closed_B > 0)[:, None, None], y_BxNxD.astype(old_BxNxD.dtype), old_BxNxD)
+  cache["ybar"] = dynamic_cache.put_rows(cache["ybar"], y_BxNxD, first_B)
+  y_BxTxD = DynamicUpsample(**options, name="upsample")(cache["ybar"], Segments(None, after["completed"], None),
+                                                        x_BxTxD)
   y_BxTxD, cache["post"] = body._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                    index_T)
   return y_BxTxD, cache
 
 
-def close_segments(body, hierarchy, options, closes_B, mean_Bx1xD, entry_B, closed_prob_B, z_Bx1xD, inner):
-  """Runs the closing rows' segment means through the inner level, each at its own cache entry: the rows that
-  close come first, in chunks of C = ceil(B / k) rows (about the rows that close per step at the target rate),
-  each chunk under `nn.cond` (run while rows remain), so a step costs C rows of the inner level for each chunk
-  it needs rather than all B. A chunk's cache rows are sliced out and written back one row at a time, with the
-  rows axis first for the vmap: a gather over the batch axis and the vmap's axis moves copied the whole chunk's
-  cache several times a step (benchmarks/dynamic_decode.py). Returns the newest outputs z [B, 1, D] and the inner
-  cache."""
-  batch = closes_B.shape[0]
-  size = -(-batch // hierarchy.relative_factor(0))
-  order_B = jnp.argsort(~closes_B, stable=True)
-  count = closes_B.sum()
-  # each leaf's batch axis: 1 in the K/V stacks (layers first), 0 in a dynamic level's newest output 'z' and state
-  axes = jax.tree_util.tree_map_with_path(
-      lambda path, _: 0 if any(getattr(key, "key", None) in ("z", "segment") for key in path) else 1, inner)
+def _smoothed(cache, y_BxNxD, first_B, count: int):
+  """H-Net's smoothing of the slots' outputs, on from the stored output of the entry before them (zeros before
+  entry 0), by the stored boundary probabilities."""
+  before_BxD = jnp.where((first_B > 0)[:, None], dynamic_cache.take_rows(cache["ybar"], jnp.maximum(first_B - 1, 0),
+                                                                          1)[:, 0], 0)
+  probs_BxN = dynamic_cache.take_rows(cache["probs"], first_B, count)
+  y_Bx1NxD = jnp.concatenate([before_BxD[:, None].astype(y_BxNxD.dtype), y_BxNxD], axis=1)
+  probs_Bx1N = jnp.concatenate([jnp.ones_like(probs_BxN[:, :1]), probs_BxN], axis=1)
+  return smooth_segments(y_Bx1NxD, probs_Bx1N)[:, 1:]
+
+
+def _batch_axis(path) -> int:
+  """The batch axis of an inner cache leaf: 1 in the K/V stacks (layers first), 0 elsewhere."""
+  return 1 if any(getattr(key, "key", None) in ("pre", "post", "layers") for key in path) else 0
+
+
+def run_inner(body, hierarchy, options, z_BxNxD, first_B, active_B, inner, shared_first=None):
+  """The inner level on each row's N slots at its entries first_B.. (`shared_first`: the same static entry for
+  every row), for the `active_B` rows; returns (outputs [B, N, D], only meaningful for active rows, inner cache).
+
+  A shared entry (a prompt's) runs as one call, a single row as one call under nn.cond. Rows
+  at their own entries run row by row (a vmap), the active ones first, in chunks of C = ceil(B N / k) rows (about
+  the rows that close a segment per step at the target rate), each chunk under `nn.cond` (run while active rows
+  remain), so a step costs C rows of the inner level per chunk it needs rather than all B. A chunk's cache rows are
+  sliced out and written back one row at a time, with the rows axis first for the vmap: a gather over the batch
+  axis and the vmap's axis moves copied the whole chunk's cache several times a step
+  (benchmarks/dynamic_decode.py)."""
+  batch, slots = z_BxNxD.shape[:2]
+  inner_level = lambda module, z, inner, first: module._inner(hierarchy, options)(z, True, inner, first)
+  if shared_first is not None:  # a prompt: also makes the relative-position tables, so not under a cond
+    return inner_level(body, z_BxNxD, inner, shared_first)
+  if batch == 1:
+    return nn.cond(active_B[0], inner_level, lambda module, z, inner, first: (z, inner), body, z_BxNxD, inner,
+                   first_B[0])
+  size = min(batch, -(-batch * slots // hierarchy.relative_factor(0)))
+  order_B = jnp.argsort(~active_B, stable=True)
+  count = active_B.sum()
+  axes = jax.tree_util.tree_map_with_path(lambda path, _: _batch_axis(path), inner)
   each = lambda f, *trees: jax.tree.map(f, *trees, axes)
-  rows = nn.vmap(lambda module, z_1x1xD, inner, entry: module._inner(hierarchy, options)(z_1x1xD, True, inner,
-                                                                                         entry),
-                 variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
+  rows = nn.vmap(inner_level, variable_axes={"params": None, "tables": None}, split_rngs={"params": False},
                  in_axes=0, out_axes=0)
 
   def chunk(start: int):
-    def run(module, z_Bx1xD, inner):
+    def run(module, y_BxNxD, inner):
       rows_C = order_B[start:start + size]
       valid_C = start + jnp.arange(rows_C.shape[0]) < count
       row = lambda a, axis, i: lax.dynamic_slice_in_dim(a, rows_C[i], 1, axis)  # its batch axis kept, size 1
       picked = each(lambda a, axis: jnp.stack([row(a, axis, i) for i in range(rows_C.shape[0])]), inner)
-      y_Cx1x1xD, new = rows(module, mean_Bx1xD[rows_C][:, None].astype(z_Bx1xD.dtype), picked, entry_B[rows_C])
-      y_Cx1xD = y_Cx1x1xD[:, 0]
-      if closed_prob_B is not None:
-        y_Cx1xD = smooth_step(z_Bx1xD[rows_C], y_Cx1xD, closed_prob_B[rows_C][:, None, None]).astype(z_Bx1xD.dtype)
-      y_Cx1xD = jnp.where(valid_C[:, None, None], y_Cx1xD, z_Bx1xD[rows_C])
+      y_Cx1xNxD, new = rows(module, z_BxNxD[rows_C][:, None], picked, first_B[rows_C])
 
       def write_back(a, new_Cx, axis):  # in place, a row at a time; a chunk's unused rows keep their cache
         for i in range(rows_C.shape[0]):
           a = lax.dynamic_update_slice_in_dim(a, jnp.where(valid_C[i], new_Cx[i], row(a, axis, i)), rows_C[i], axis)
         return a
-      return z_Bx1xD.at[rows_C].set(y_Cx1xD), each(write_back, inner, new)
+      return y_BxNxD.at[rows_C].set(y_Cx1xNxD[:, 0].astype(y_BxNxD.dtype)), each(write_back, inner, new)
     return run
 
+  y_BxNxD = z_BxNxD
   for start in range(0, batch, size):
-    z_Bx1xD, inner = nn.cond(count > start, chunk(start), lambda module, z, inner: (z, inner), body, z_Bx1xD, inner)
-  return z_Bx1xD, inner
+    y_BxNxD, inner = nn.cond(count > start, chunk(start), lambda module, y, inner: (y, inner), body, y_BxNxD, inner)
+  return y_BxNxD, inner

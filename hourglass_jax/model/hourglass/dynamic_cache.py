@@ -1,62 +1,91 @@
-"""The running segment of a dynamically shortened level during cached decoding (dynamic.py has the segments of a
-whole sequence).
+"""The segments of a dynamically shortened level during cached decoding (dynamic.py has those of a whole sequence).
 
-Per row the state holds 'completed' (segments closed so far, capped at M-1: the merged tail never closes), the
-float32 'sum' and 'size' of the open segment, and what the level's predictor keeps of the token before (its
-`new_state`, predictors/).
+Everything is stored by position, so that decoding can go back to any earlier position: after each stream entry t,
+'state' holds 'completed' (segments closed at or before t, capped at M-1: the merged tail never closes), the float32
+'sum' and 'size' of the open segment, and what the level's predictor keeps of the token (its `new_state`,
+predictors/); per segment entry j, 'means' holds the mean that went through the inner level, 'probs' the boundary
+probability that closed it (H-Net's smoothing) and 'ybar' the inner level's (smoothed) output that positions read.
 
-A token first joins the open segment. If its boundary b_t closes the segment and the open one is not the merged
-tail, the segment's mean goes through the inner level as entry 'completed'. Rows close segments at different
-tokens, so the inner level runs row by row (a vmap), for the closing rows only, gathered in chunks
-(`dynamic_body.close_segments`). The token then reads the newest completed segment's output, its own segment's when
-it closed one. With M counted from the cache length, decoding equals the forward pass over that many positions.
+New tokens join the open segment one after another; a boundary closes it unless it is the merged tail, and the
+segments they close go through the inner level together, at entries completed.. of its stream. A token then reads
+the newest segment completed at or before it. With M counted from the cache length, decoding equals the forward
+pass over that many positions.
 """
 
+import jax
 import jax.numpy as jnp
-
-from hourglass_jax.model.hourglass.dynamic import completed_segments, pool_segments, segment_ids
-
-
-def new_segment_state(batch: int, d_model: int) -> dict:
-  return {"sum": jnp.zeros((batch, d_model), jnp.float32), "size": jnp.zeros((batch,), jnp.int32),
-          "completed": jnp.zeros((batch,), jnp.int32)}
+from jax import lax
 
 
-def prefill_segments(x_BxPxD, boundaries_BxP, max_segments: int, lengths_B=None):
-  """A prompt's segments: (means [B, N, D] of the first N = min(P, M-1) segments, the ones a prompt of P tokens
-  can complete; ids [B, P]; the state's 'sum', 'size' and 'completed' after it). With `lengths_B` a row's prompt is
-  its first lengths_B tokens (no boundary may lie past them): the rest neither joins nor closes a segment."""
-  length = x_BxPxD.shape[1]
-  ids_BxP = segment_ids(boundaries_BxP, max_segments)
-  z_BxMxD, _ = pool_segments(x_BxPxD, ids_BxP, max_segments)
-  completed_B = completed_segments(boundaries_BxP, max_segments)[:, -1]
-  open_BxP = ids_BxP == completed_B[:, None]  # the positions after the last boundary
-  if lengths_B is not None:
-    open_BxP &= jnp.arange(length)[None, :] < lengths_B[:, None]
-  state = {"sum": jnp.einsum("bp,bpd->bd", open_BxP.astype(jnp.float32), x_BxPxD.astype(jnp.float32)),
-           "size": open_BxP.sum(axis=1, dtype=jnp.int32), "completed": completed_B}
-  return z_BxMxD[:, :min(length, max_segments - 1)], ids_BxP, state
+def new_level_state(batch: int, size: int, d_model: int, predictor_state: dict) -> dict:
+  """The per-position state of `size` entries; `predictor_state`: the predictor's `new_state` for one entry [B, ...]."""
+  state = {"sum": jnp.zeros((batch, d_model), jnp.float32), "size": jnp.zeros((batch,), jnp.int32),
+           "completed": jnp.zeros((batch,), jnp.int32), **predictor_state}
+  return jax.tree.map(lambda a: jnp.zeros((a.shape[0], size) + a.shape[1:], a.dtype), state)
 
 
-def after_rows(state: dict, updates: dict, lengths_B=None) -> dict:
-  """`state` with what the predictor keeps of a row's last token: `updates` ([B, T, ...] after each token) at token
-  lengths_B - 1 (the last, when None); a row of no tokens keeps its `state`."""
-  if lengths_B is None:
-    return dict(state, **{name: value[:, -1] for name, value in updates.items()})
-
-  def pick(name, value_BxT):
-    last_B = jnp.maximum(lengths_B - 1, 0)
-    row = jnp.take_along_axis(value_BxT, last_B.reshape((-1, 1) + (1,) * (value_BxT.ndim - 2)), axis=1)[:, 0]
-    return jnp.where((lengths_B > 0).reshape((-1,) + (1,) * (row.ndim - 1)), row, state[name])
-  return dict(state, **{name: pick(name, value) for name, value in updates.items()})
+def state_before(state: dict, start):
+  """The state after entry start-1 ([B, ...] each; zeros, the empty state, when start is 0)."""
+  at = lambda a: lax.dynamic_index_in_dim(a, jnp.maximum(start - 1, 0), 1, keepdims=False)
+  return jax.tree.map(lambda a: jnp.where(start > 0, at(a), jnp.zeros_like(at(a))), state)
 
 
-def add_token(state: dict, x_Bx1xD, boundary_B, max_segments: int):
-  """(state once the token x joins the open segment and its boundary closes it, closes [B]: the segment closed (it
-  is not the tail), its mean [B, 1, D] in float32)."""
-  state = dict(state, sum=state["sum"] + x_Bx1xD[:, 0].astype(jnp.float32), size=state["size"] + 1)
-  closes_B = boundary_B & (state["completed"] < max_segments - 1)
-  mean_BxD = state["sum"] / jnp.maximum(state["size"], 1)[:, None].astype(jnp.float32)
-  new = dict(state, sum=jnp.where(closes_B[:, None], 0.0, state["sum"]), size=jnp.where(closes_B, 0, state["size"]),
-             completed=state["completed"] + closes_B.astype(jnp.int32))
-  return new, closes_B, mean_BxD[:, None]
+def write_state(state: dict, rows: dict, start) -> dict:
+  """`state` with each token's [B, T, ...] rows at entries start..start+T-1 (of the names `rows` has: a predictor
+  keeps only what it reads)."""
+  return dict(state, **{name: lax.dynamic_update_slice_in_dim(state[name], row.astype(state[name].dtype), start, 1)
+                        for name, row in rows.items()})
+
+
+def _segmented_cumsum(starts_BxT, values_BxTx):
+  """Sums of values along T that restart at every position where `starts` is set."""
+  flags = starts_BxT.reshape(starts_BxT.shape + (1,) * (values_BxTx.ndim - 2))
+
+  def combine(earlier, later):
+    start_a, sum_a = earlier
+    start_b, sum_b = later
+    return start_a | start_b, jnp.where(start_b, sum_b, sum_a + sum_b)
+
+  return lax.associative_scan(combine, (jnp.broadcast_to(flags, values_BxTx.shape), values_BxTx), axis=1)[1]
+
+
+def add_tokens(previous: dict, x_BxTxD, boundary_BxT, max_segments: int):
+  """(each token's segment state after it {'sum', 'size', 'completed'} [B, T, ...]; closes [B, T]: the token closed
+  a segment (not the merged tail); the mean [B, T, D] float32 of the segment a token closes) once the tokens join the
+  open segment of `previous` in order."""
+  b_BxT = boundary_BxT.astype(jnp.int32)
+  before_BxT = previous["completed"][:, None] + jnp.cumsum(b_BxT, axis=1) - b_BxT
+  closes_BxT = boundary_BxT & (before_BxT < max_segments - 1)
+  completed_BxT = previous["completed"][:, None] + jnp.cumsum(closes_BxT.astype(jnp.int32), axis=1)
+  starts_BxT = jnp.pad(closes_BxT[:, :-1], ((0, 0), (1, 0)))
+  x_BxTxD = x_BxTxD.astype(jnp.float32).at[:, 0].add(previous["sum"])
+  ones_BxT = jnp.ones(b_BxT.shape, jnp.int32).at[:, 0].add(previous["size"])
+  sum_BxTxD, size_BxT = _segmented_cumsum(starts_BxT, x_BxTxD), _segmented_cumsum(starts_BxT, ones_BxT)
+  mean_BxTxD = sum_BxTxD / jnp.maximum(size_BxT, 1)[..., None].astype(jnp.float32)
+  after = {"sum": jnp.where(closes_BxT[..., None], 0.0, sum_BxTxD), "size": jnp.where(closes_BxT, 0, size_BxT),
+           "completed": completed_BxT}
+  return after, closes_BxT, mean_BxTxD
+
+
+def closed_in_order(closes_BxT, count: int, *values_BxTx):
+  """The values at the tokens that close segments, in closing order, in `count` slots per row (the rest: values of
+  tokens that close none)."""
+  order_BxN = jnp.argsort(~closes_BxT, axis=1, stable=True)[:, :count]
+  take = lambda v: jnp.take_along_axis(v, order_BxN.reshape(order_BxN.shape + (1,) * (v.ndim - 2)), axis=1)
+  return tuple(take(v) for v in values_BxTx)
+
+
+def put_rows(store_BxMx, rows_BxNx, first_B, count_B=None):
+  """`store` with each row's rows at its entries first_B.. (only its first count_B of them, when given)."""
+  slots_N = jnp.arange(rows_BxNx.shape[1])
+  index_BxN = first_B[:, None] + slots_N[None, :]
+  if count_B is not None:
+    index_BxN = jnp.where(slots_N[None, :] < count_B[:, None], index_BxN, store_BxMx.shape[1])  # dropped
+  rows_B = jnp.arange(store_BxMx.shape[0])[:, None]
+  return store_BxMx.at[rows_B, index_BxN].set(rows_BxNx.astype(store_BxMx.dtype), mode="drop")
+
+
+def take_rows(store_BxMx, first_B, count: int):
+  """Each row's `count` entries from first_B (in range)."""
+  index_BxN = first_B[:, None] + jnp.arange(count)[None, :]
+  return jnp.take_along_axis(store_BxMx, index_BxN.reshape(index_BxN.shape + (1,) * (store_BxMx.ndim - 2)), axis=1)

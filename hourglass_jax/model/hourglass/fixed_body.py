@@ -2,7 +2,8 @@
 entries. `body` is the Hourglass module whose level this is: it builds the stacks, resampling and inner level.
 
 In decoding, shortened token j becomes computable at stream entry jk, so the shortening and the inner level run
-under `nn.cond(position % k == 0)`: a level at total factor F runs once every F tokens."""
+only for the tokens the new rows complete (under `nn.cond` when there may be none): fed one token at a time, a
+level at total factor F runs once every F tokens."""
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -12,14 +13,14 @@ from hourglass_jax.model.layers import pad_to
 
 
 def level_cache(cfg, hierarchy, shorten: str, upsample: str, batch: int, padded: int):
-  """(this level's cache entries: the last k-1 pre-stack outputs 'buf', with the newest one the shifted window a
-  shortened token summarises, the attention resampling caches 'short' and 'up', the newest shortened output 'z';
-  the inner level's stream length, None when nothing reads it)."""
+  """(this level's cache entries: the pre-stack outputs 'stream' shifted by k-1 rows (what shortened tokens pool),
+  the inner level's outputs 'z', the attention resampling caches 'short' and 'up'; the inner level's stream length,
+  None when nothing reads it)."""
   k = hierarchy.relative_factor(0)
   if upsample == "none":
     return {}, None
-  entries = dict(buf=jnp.zeros((batch, k - 1, cfg.d_model), cfg.compute_dtype),
-                 z=jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype))
+  entries = dict(stream=kv_cache.new_stream(cfg, batch, padded, lead=k - 1),
+                 z=kv_cache.new_stream(cfg, batch, padded // k))
   if shorten.startswith("attention_"):
     entries["short"] = kv_cache.new_kv(cfg, batch, padded)
   if upsample.startswith("attention_"):
@@ -39,37 +40,38 @@ def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **
   return y_BxPxD[:, :length]
 
 
-def decode(body, hierarchy, options, x_BxTxD, cache, position, lengths_B=None, **inputs):
-  """The level's cached forward: pre stack, the shortened path when a token completes, upsample, post stack."""
+def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **inputs):
+  """The level's cached forward of x's T rows at stream entries start..: pre stack, the shortened tokens they
+  complete through the inner level (under nn.cond when T < k: maybe none), upsample, post stack."""
   length = x_BxTxD.shape[1]
-  start = 0 if position is None else position
   index_T = start + jnp.arange(length)
   cache = dict(cache)
   x_BxTxD, cache["pre"] = body._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
   y_BxTxD = x_BxTxD
   if body.upsample != "none":
-    k = hierarchy.relative_factor(0)
-    window_BxWxD, cache["buf"] = kv_cache.shift_in(cache["buf"], x_BxTxD)  # shifted stream entries start-k+1 ..
+    k, size = hierarchy.relative_factor(0), cache["z"].shape[1]
+    cache["stream"] = kv_cache.write_rows(cache["stream"], x_BxTxD, start + k - 1)
+    new = kv_cache.coarse_tokens(start, length, k, size)
 
-    def advance(module, sub, window_BxWxD, j):
-      """Shortened tokens from j (all the prompt completes when `position` is None) through the inner level."""
-      j0 = 0 if j is None else j
-      z_BxNxD, short = module._shorten(hierarchy, options)(window_BxWxD, True, sub.get("short"), j0)
-      z_BxNxD, inner = module._inner(hierarchy, options)(z_BxNxD, True, sub["inner"], j)
-      sub = dict(sub, inner=inner, z=z_BxNxD[:, -1:])
+    def advance(module, sub, window_BxWxD, first):
+      """Shortened tokens first.. through the inner level, their outputs written to 'z'."""
+      z_BxNxD, short = module._shorten(hierarchy, options)(window_BxWxD, True, sub.get("short"), first)
+      z_BxNxD, inner = module._inner(hierarchy, options)(z_BxNxD, True, sub["inner"], first)
+      sub = dict(sub, inner=inner, z=kv_cache.write_rows(sub["z"], z_BxNxD, first))
       if short is not None:
         sub["short"] = short
-      return z_BxNxD, sub
+      return sub
 
     sub = {name: cache[name] for name in ("short", "inner", "z") if name in cache}
-    if position is None:
-      z_BxNxD, sub = advance(body, sub, window_BxWxD[:, :kv_cache.num_coarse(length, k) * k], None)
+    window_BxWxD = kv_cache.read_rows(cache["stream"], new.first * k, new.count * k)
+    if new.any_new is True:
+      sub = advance(body, sub, window_BxWxD, new.first)
     else:
-      sub = nn.cond(position % k == 0, lambda module, sub, w, j: advance(module, sub, w, j)[1],
-                    lambda module, sub, w, j: sub, body, sub, window_BxWxD, position // k)
-      z_BxNxD = sub["z"]
+      sub = nn.cond(new.any_new, advance, lambda module, sub, w, first: sub, body, sub, window_BxWxD, new.first)
     cache.update(sub)
-    y_BxTxD, up = body._upsample(hierarchy, options)(z_BxNxD, x_BxTxD, True, cache.get("up"), start)
+    first, count = kv_cache.coarse_read(start, length, k, size)
+    y_BxTxD, up = body._upsample(hierarchy, options)(kv_cache.read_rows(cache["z"], first, count), x_BxTxD, True,
+                                                     cache.get("up"), start, first)
     if up is not None:
       cache["up"] = up
   y_BxTxD, cache["post"] = body._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],

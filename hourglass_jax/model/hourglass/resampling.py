@@ -75,8 +75,8 @@ class AttentionResidual(nn.Module):
   full-resolution queries over the L/k shortened keys (`upsample_mask`). Positions in original-token units.
 
   Cached (`kv` this attention's K/V cache, `start` the stream entry of x's first row): kv_rows are the new key rows
-  ('shorten': k per query, from entry start*k; 'upsample': one per k queries, from entry start//k); returns
-  (y, kv).
+  ('shorten': k per query, from entry start*k; 'upsample': the shortened tokens x's rows read, from entry `first`);
+  returns (y, kv).
   """
   cfg: LayerConfig
   direction: str
@@ -84,11 +84,12 @@ class AttentionResidual(nn.Module):
   outer_factor: int
 
   @nn.compact
-  def __call__(self, x_BxTxD, kv_BxSxD, deterministic: bool, kv=None, start=None):
+  def __call__(self, x_BxTxD, kv_BxSxD, deterministic: bool, kv=None, start=None, first=None):
     cfg, k, outer = self.cfg, self.k, self.outer_factor
     attention = MultiHeadAttention(cfg, name="attention")
     if kv is not None:
-      positions_q, positions_k, mask_TxS, cache = self._cached(kv, start, x_BxTxD.shape[1], kv_BxSxD.shape[1])
+      positions_q, positions_k, mask_TxS, cache = self._cached(kv, start, first, x_BxTxD.shape[1],
+                                                               kv_BxSxD.shape[1])
       h_BxTxD, kv = attention(x_BxTxD, kv_BxSxD, positions_q, positions_k, mask_TxS, deterministic, cache)
       return feed_forward_residual(cfg, x_BxTxD, h_BxTxD, deterministic), kv
     if self.direction == "shorten":
@@ -103,7 +104,7 @@ class AttentionResidual(nn.Module):
     h_BxTxD = attention(x_BxTxD, kv_BxSxD, positions_q, positions_k, mask_TxS, deterministic)
     return feed_forward_residual(cfg, x_BxTxD, h_BxTxD, deterministic)
 
-  def _cached(self, kv, start, num_queries: int, num_keys: int):
+  def _cached(self, kv, start, first, num_queries: int, num_keys: int):
     """(query positions, new key positions, mask over the cache, KVCache): the masks above, row by row."""
     k, outer = self.k, self.outer_factor
     size = kv_cache.size(kv)
@@ -114,10 +115,10 @@ class AttentionResidual(nn.Module):
       positions_S = (entries_S - k + 1) * outer
       return (query_T * k * outer, (first_key + jnp.arange(num_keys) - k + 1) * outer,
               entries_S[None, :] // k <= query_T[:, None], KVCache(kv, first_key, positions_S, outer, size))
-    first_key = start // k  # cache entry j: shortened token j at position j k
-    return (query_T * outer, (first_key + jnp.arange(num_keys)) * k * outer,
+    # cache entry j: shortened token j at position j k
+    return (query_T * outer, (first + jnp.arange(num_keys)) * k * outer,
             entries_S[None, :] <= (query_T // k)[:, None],
-            KVCache(kv, first_key, entries_S * k * outer, outer, size * k))
+            KVCache(kv, first, entries_S * k * outer, outer, size * k))
 
 
 def attention_residual(cfg: LayerConfig, direction: str, k: int, outer_factor: int, cached: bool = False):
@@ -174,16 +175,16 @@ class Upsample(LayerOptions):
   Position q reads only z[j] with j <= q // factor. `method` 'repeat' | 'linear' expand each vector to `factor`;
   'attention_*' expand that way and attend over z; 'none' returns r. Block settings: `LayerOptions`.
 
-  Cached decoding (`start` given): r holds stream entries start.., z the shortened tokens from start // factor
-  that they read (every one since the last call: all of them in a prefill, the newest in a step); `kv` is the
-  attention's K/V cache (None otherwise); returns (y, kv).
+  Cached decoding (`start` given): r holds stream entries start.., z the shortened tokens from entry `first` (at
+  most start // factor) through the last one they read; `kv` is the attention's K/V cache (None otherwise);
+  returns (y, kv).
   """
   factor: int = 2
   method: str = "attention_repeat"
   outer_factor: int = 1
 
   @nn.compact
-  def __call__(self, z_BxLkxD, r_BxLxD, deterministic: bool = True, kv=None, start=None):
+  def __call__(self, z_BxLkxD, r_BxLxD, deterministic: bool = True, kv=None, start=None, first=None):
     length = r_BxLxD.shape[1]
     cached = start is not None
     _check_resampling(self, UPSAMPLE_METHODS, None if cached else length)
@@ -193,8 +194,8 @@ class Upsample(LayerOptions):
     if self.method == "none":
       return (r_BxLxD, kv) if cached else r_BxLxD
     cfg, k = self.layer_config(r_BxLxD.shape[-1]), self.factor
-    # Cached: z's first token covers entries (start // k) k ..; r's rows start at offset start % k of its rows.
-    rows = (lambda u: lax.dynamic_slice_in_dim(u, start % k, length, axis=1)) if cached else (lambda u: u)
+    # Cached: z's first token covers entries first * k ..; r's rows start at offset start - first * k of its rows.
+    rows = (lambda u: lax.dynamic_slice_in_dim(u, start - first * k, length, axis=1)) if cached else (lambda u: u)
     unpool_method = self.method.removeprefix("attention_")
     if not self.method.startswith("attention_"):
       u_BxLxD = rows(Unpool(cfg, k, unpool_method, name="unpool")(z_BxLkxD, deterministic))
@@ -206,6 +207,6 @@ class Upsample(LayerOptions):
     u_BxLxD = u_BxLxD + r_BxLxD
     block = attention_residual(cfg, "upsample", k, self.outer_factor, cached)
     if cached:
-      y_BxLxD, kv = block(u_BxLxD, s_BxLkxD, deterministic, kv, start)
+      y_BxLxD, kv = block(u_BxLxD, s_BxLkxD, deterministic, kv, start, first)
       return layer_norm(cfg, "output_norm")(y_BxLxD) + r_BxLxD, kv
     return layer_norm(cfg, "output_norm")(block(u_BxLxD, s_BxLkxD, deterministic)) + r_BxLxD

@@ -26,9 +26,10 @@ def retina_mask(length: int, scale: int, start: int, stop: int) -> np.ndarray:
   return retina_visible(np.arange(length)[:, None], np.arange(length // scale)[None, :] * scale, scale, start, stop)
 
 
-def _window(size: int, s: int, start: int, stop: int, q):
-  """(first entry, count) of the scale-s keys a query at position q can see: at most (stop-start+s-1)/s + 1."""
-  count = min(size, -(-(stop - start + s - 1) // s) + 1)
+def _window(size: int, s: int, start: int, stop: int, q, num_queries: int = 1):
+  """(first entry, count) of the scale-s keys the queries at positions q .. q+num_queries-1 can see: at most
+  (stop-start+s-1)/s + 1 for one query, (num_queries - 1)/s + 1 more for each further one."""
+  count = min(size, -(-(stop - start + s - 1) // s) + 1 + -(-(num_queries - 1) // s))
   return jnp.clip(-(-(q - stop + 1) // s), 0, size - count), count
 
 
@@ -37,15 +38,15 @@ class ScaleAttention(nn.Module):
   the tokens of scale s = scales.factors[g] (at positions 0, s, 2s...), from the scale-1 queries x_q: every past
   key, or (retina) those within the group's window scales.windows[g]. Query rows a group sees nothing of get zero
   output from it. Parameters: exactly those of MultiHeadAttention.
-  Cached (`caches`: the groups' K/V caches; `position` None for a prompt's rows at positions 0.., else that of a
-  step's single row): kvs[g] are group g's new tokens, from the first row's position // s, written into its cache;
-  a step attends over only the entries its window can reach. Returns (out, the groups' K/V caches).
+  Cached (`caches`: the groups' K/V caches; `position` None for a prompt's rows at positions 0.., else that of the
+  first row): kvs[g] are group g's tokens from its entry firsts[g], written into its cache; rows past a prompt
+  attend over only the entries their windows can reach. Returns (out, the groups' K/V caches).
   """
   cfg: LayerConfig
   scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_q_BxTxD, kvs, deterministic: bool, caches=None, position=None):
+  def __call__(self, x_q_BxTxD, kvs, deterministic: bool, caches=None, position=None, firsts=None):
     cfg, scales = self.cfg, self.scales
     axes = ("embed", "heads", "kv")
     length = x_q_BxTxD.shape[1]
@@ -68,9 +69,10 @@ class ScaleAttention(nn.Module):
         mask_TxS = retina_mask(length, s, back_start, back_stop)
         positions_k_S = stream_positions(length // s, s)
       else:
-        size, first_new = kv_cache.size(caches[g]), positions_q_T[0] // s
+        size, first_new = kv_cache.size(caches[g]), firsts[g]
         back_start, back_stop = scales.windows[g] if scales.windows else (0, size * s)
-        window = None if position is None or not scales.windows else _window(size, s, back_start, back_stop, position)
+        window = None if position is None or not scales.windows else _window(size, s, back_start, back_stop, position,
+                                                                             length)
         first_entry, count = (0, size) if window is None else window
         last_S = (first_entry + jnp.arange(count)) * s
         cache = KVCache(caches[g], first_new, last_S, 1, size * s, window=window)

@@ -42,33 +42,55 @@ def pyramid(cfg: LayerConfig, downsampler: str, x_BxLxD, factors: tuple[int, ...
   return streams[::-1]
 
 
-def cached_pyramid(module, cfg: LayerConfig, downsampler: str, scales: MultiScale, x_BxTxD, position, cache: dict,
+def coarse_chain(scales: MultiScale, sizes: dict, start, length: int) -> dict:
+  """{i: kv_cache.Coarse} for every coarse scale i: the tokens of scale i that the new rows of scale i+1 complete,
+  from the scale-1 rows start .. start+length-1 (each scale's rows are the tokens the next finer one computes);
+  `sizes` maps each coarse factor to its stream's size."""
+  chain = {}
+  for i in range(len(scales.factors) - 2, -1, -1):
+    chain[i] = kv_cache.coarse_tokens(start, length, scales.relative_factor(i + 1), sizes[scales.factors[i]])
+    start, length = chain[i].first, chain[i].count
+  return chain
+
+
+def pyramid_cache(cfg: LayerConfig, scales: MultiScale, batch: int, padded: int) -> dict:
+  """Per coarse scale s: 'stream_<s>' the finer stream it pools (shifted by k-1 rows), 'z_<s>' its tokens."""
+  cache = {}
+  for i, s in enumerate(scales.factors[:-1]):
+    k = scales.relative_factor(i + 1)
+    cache[f"stream_{s}"] = kv_cache.new_stream(cfg, batch, padded // scales.factors[i + 1], lead=k - 1)
+    cache[f"z_{s}"] = kv_cache.new_stream(cfg, batch, padded // s)
+  return cache
+
+
+def cached_pyramid(module, cfg: LayerConfig, downsampler: str, scales: MultiScale, x_BxTxD, start, cache: dict,
                    stack=None):
-  """`pyramid` when decoding x's new rows (a prompt's, `position` None, or the one at `position`): scale s pools the
-  tokens they complete (under nn.cond(position % s == 0) of `module` on a step), runs `stack(i, cache, z, first)` on
-  them if given, and feeds the next coarser scale. Returns (each coarse scale's new tokens, coarse to fine; cache)."""
-  streams = {}
+  """`pyramid` when decoding x's rows at positions start..: each coarse scale pools the tokens they complete (under
+  nn.cond of `module` where there may be none), runs `stack(i, cache, z, first)` on them if given, stores them and
+  feeds the next coarser scale. Returns (each coarse scale's (tokens, first entry) from its store, coarse to fine,
+  covering the tokens the rows complete; cache)."""
+  cache = dict(cache)
+  chain = coarse_chain(scales, {s: cache[f"z_{s}"].shape[1] for s in scales.factors[:-1]}, start, x_BxTxD.shape[1])
 
-  def feed(module, i: int, fine_BxTxD, t, cache):
-    s, k = scales.factors[i], scales.relative_factor(i + 1)
-    window_BxVxD, cache[f"buf_{s}"] = kv_cache.shift_in(cache[f"buf_{s}"], fine_BxTxD)
+  def feed(module, i: int, fine_BxTxD, fine_start, cache):
+    s, k, new = scales.factors[i], scales.relative_factor(i + 1), chain[i]
+    cache = dict(cache)
+    cache[f"stream_{s}"] = kv_cache.write_rows(cache[f"stream_{s}"], fine_BxTxD, fine_start + k - 1)
+    window_BxWxD = kv_cache.read_rows(cache[f"stream_{s}"], new.first * k, new.count * k)
 
-    def active(module, cache, window_BxVxD, t):
+    def active(module, cache, window_BxWxD, first):
       cache = dict(cache)
-      count = 1 if t is not None else kv_cache.num_coarse(fine_BxTxD.shape[1], k)
-      z_BxTxD = pool(cfg, downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{s}")
+      z_BxNxD = pool(cfg, downsampler, window_BxWxD, k, True, f"downsample_{s}")
       if stack is not None:
-        z_BxTxD = stack(i, cache, z_BxTxD, 0 if t is None else t // s)
-      cache[f"top_{s}"] = z_BxTxD[:, -1:]
-      if t is None:
-        streams[i] = z_BxTxD
-      return cache if i == 0 else feed(module, i - 1, z_BxTxD, t, cache)
+        z_BxNxD = stack(i, cache, z_BxNxD, first)
+      cache[f"z_{s}"] = kv_cache.write_rows(cache[f"z_{s}"], z_BxNxD, first)
+      return cache if i == 0 else feed(module, i - 1, z_BxNxD, first, cache)
 
-    if t is None:
-      return active(module, cache, window_BxVxD, None)
-    return nn.cond(t % s == 0, active, lambda module, cache, *_: cache, module, cache, window_BxVxD, t)
+    if new.any_new is True:
+      return active(module, cache, window_BxWxD, new.first)
+    return nn.cond(new.any_new, active, lambda module, cache, *_: cache, module, cache, window_BxWxD, new.first)
 
-  cache = feed(module, len(scales.factors) - 2, x_BxTxD, position, dict(cache))
-  if position is not None:  # each coarse scale's newest token (the cond may not have run)
-    streams = {i: cache[f"top_{s}"] for i, s in enumerate(scales.factors[:-1])}
-  return [streams[i] for i in range(len(scales.factors) - 1)], cache
+  cache = feed(module, len(scales.factors) - 2, x_BxTxD, start, cache)
+  tokens = [(kv_cache.read_rows(cache[f"z_{s}"], chain[i].first, chain[i].count), chain[i].first)
+            for i, s in enumerate(scales.factors[:-1])]
+  return tokens, cache

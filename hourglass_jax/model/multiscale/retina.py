@@ -3,10 +3,10 @@ own window of the past (e.g. '0:8,8:256,256:512': scale-1 heads the last 8 token
 scale-16 heads 256..511 back). Keys and values of a group are the layer's normed input pooled causally at its scale.
 
 Cached decoding (`cache` from the module's `new_cache`, `position`): per block (stacked on a leading layer axis, scanned
-like the blocks' params) 'group_<g>' holds the K/V of head group g, 'buf_<s>' the last k-1 rows of the finer stream
-that scale s pools and 'top_<s>' its newest token. Scale s pools a token when one completes, under
-`nn.cond(position % s == 0)`; a step attends over only the slice of each group's cache its window can reach, so
-its cost does not grow with the context beyond the widest window.
+like the blocks' params) 'group_<g>' holds the K/V of head group g, 'stream_<s>' the finer stream that scale s pools
+(shifted by k-1 rows) and 'z_<s>' its tokens. Scale s pools the tokens new rows complete (under nn.cond where they
+may complete none); rows past a prompt attend over only the slice of each group's cache their windows can reach,
+so their cost does not grow with the context beyond the widest window.
 """
 
 import flax.linen as nn
@@ -17,7 +17,7 @@ from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
 from hourglass_jax.model.layers import LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks
 from hourglass_jax.model.multiscale.attention import ScaleAttention
-from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, cached_pyramid, pyramid
+from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, cached_pyramid, pyramid, pyramid_cache
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 
@@ -35,9 +35,7 @@ def new_retina_cache(cfg: LayerConfig, num_layers: int, scales: MultiScale, batc
   """Empty cache of a Retina body for `batch` sequences of `padded` (a multiple of the coarsest scale) positions."""
   block = {f"group_{g}": kv_cache.new_kv(cfg, batch, padded // s, n)
            for g, (s, n) in enumerate(zip(scales.factors, scales.heads))}
-  for i, s in enumerate(scales.factors[:-1]):
-    block[f"buf_{s}"] = jnp.zeros((batch, scales.relative_factor(i + 1) - 1, cfg.d_model), cfg.compute_dtype)
-    block[f"top_{s}"] = jnp.zeros((batch, 1, cfg.d_model), cfg.compute_dtype)
+  block.update(pyramid_cache(cfg, scales, batch, padded))
   return jax.tree.map(lambda a: jnp.zeros((num_layers, *a.shape), a.dtype), block)
 
 
@@ -57,9 +55,11 @@ class RetinaBlock(nn.Module):
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
     attention = ScaleAttention(cfg, scales, name="attention")
     if cache is not None:
-      coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, h_BxLxD, position, cache)
+      start = 0 if position is None else position
+      coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, h_BxLxD, start, cache)
       kvs = [cache[f"group_{g}"] for g in range(len(scales.factors))]
-      h_BxLxD, kvs = attention(h_BxLxD, coarse + [h_BxLxD], True, kvs, position)
+      streams, firsts = [rows for rows, _ in coarse] + [h_BxLxD], [first for _, first in coarse] + [start]
+      h_BxLxD, kvs = attention(h_BxLxD, streams, True, kvs, position, firsts)
       cache.update({f"group_{g}": kv for g, kv in enumerate(kvs)})
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), cache
     kvs = pyramid(cfg, self.downsampler, h_BxLxD, scales.factors, deterministic)
@@ -72,7 +72,7 @@ class Retina(LayerOptions):
   LayerNorm. `scales` ('16,4,1'), `retina_windows` (one 'a:b' window per scale, nearest first, e.g.
   '0:8,8:32,32:64'), `heads_per_scale` ('' = even split) and `downsampler` ('avg' | 'conv') as in the multi-scale
   notation. Block settings: `LayerOptions`. Cached decoding: `cache`, and `position` None to prefill x's rows as
-  positions 0.., else the traced position of x's single row; returns (y, cache)."""
+  positions 0.., else the (traced) position of x's first row; returns (y, cache)."""
   num_layers: int = 2
   # A small body to build on; ModelConfig's scales default to the paper's '64,16,4,1', and its retina_windows has
   # no default (a retina config names them).

@@ -4,24 +4,25 @@ Both map the scale-1 stream x [B, L, D] to the scale-1 representation y [B, L, D
 inside to a multiple of the coarsest scale). A stack at cumulative scale s runs at positions 0, s, 2s... (its
 tokens' last positions), so rotary and relative positions measure real distances, as in Hourglass.
 
-Both decode with a cache (`cache`, `position`; an empty one from the module's `new_cache`). Per coarse scale s it
-holds 'scale_<s>' (its stack's K/V) and 'buf_<s>' (the last k-1 rows of the finer stream it pools: the causal
-shift); top-down adds 'rows_<s>' (the k up-sampled rows of its newest output), bottom-up 'top_<s>' (its newest
-output) and 'aggregate_<g>' (K/V of the aggregation layer's head group g), and its scale-1 stack 'scale_1'. Token j
-of scale s completes at position js, so scale s runs under `nn.cond(position % s == 0)`, nested by factor.
+Both decode with a cache (`cache`, `position`; an empty one from the module's `new_cache`), rows position.. at
+once. Per coarse scale s it holds 'scale_<s>' (its stack's K/V), 'stream_<s>' (the finer stream it pools, shifted
+by k-1 rows: the causal shift) and 'z_<s>' (its outputs); bottom-up adds 'aggregate_<g>' (K/V of the aggregation
+layer's head group g); and the scale-1 stack 'scale_1'. Token j of scale s completes at position js, so scale s
+runs for the tokens the new rows complete (under nn.cond where there may be none), nested by factor.
 """
 
 import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
 from hourglass_jax.model.layers import DecoderStack, dense, feed_forward_residual, layer_norm, pad_to, rematerialised
 from hourglass_jax.model.multiscale.attention import ScaleAttention
-from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, downsample, pool,
-                                                      pyramid, upsample)
+from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, coarse_chain,
+                                                      downsample, pool, pyramid, pyramid_cache, upsample)
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 from hourglass_jax.ops.dropout import Dropout
 
@@ -29,14 +30,10 @@ from hourglass_jax.ops.dropout import Dropout
 def new_multiscale_cache(cfg: LayerConfig, kind: str, scales: MultiScale, batch: int, padded: int) -> dict:
   """Empty cache of a 'topdown' or 'bottomup' body for `batch` sequences of `padded` (a multiple of the coarsest
   scale) positions."""
-  factors, dtype = scales.factors, cfg.compute_dtype
-  cache = {}
+  factors = scales.factors
+  cache = pyramid_cache(cfg, scales, batch, padded)
   for i, s in enumerate(factors[:-1]):
     cache[f"scale_{s}"] = kv_cache.new_stack(cfg, batch, scales.layers[i], padded // s)
-    cache[f"buf_{s}"] = jnp.zeros((batch, scales.relative_factor(i + 1) - 1, cfg.d_model), dtype)
-    extra = "rows" if kind == "topdown" else "top"
-    rows = scales.relative_factor(i + 1) if kind == "topdown" else 1
-    cache[f"{extra}_{s}"] = jnp.zeros((batch, rows, cfg.d_model), dtype)
   cache["scale_1"] = kv_cache.new_stack(cfg, batch, scales.layers[-1], padded)
   if kind == "bottomup":
     for g, (s, n) in enumerate(zip(factors, scales.heads)):
@@ -91,10 +88,11 @@ class TopDown(LayerOptions):
     cfg = self.layer_config(x_BxLxD.shape[-1])
     scales = self.parsed_scales(cfg.num_heads)
     if cache is not None:
+      start = 0 if position is None else position
+      sizes = {s: cache[f"z_{s}"].shape[1] for s in scales.factors[:-1]}
+      chain = coarse_chain(scales, sizes, start, x_BxLxD.shape[1])
       cache = dict(cache)
-      if position is None:
-        return self._prefill(cfg, scales, x_BxLxD, cache), cache
-      return self._step(cfg, scales, len(scales.factors) - 1, x_BxLxD, position, cache), cache
+      return self._extend(cfg, scales, chain, len(scales.factors) - 1, x_BxLxD, start, cache), cache
     factors = scales.factors
     length = x_BxLxD.shape[1]
     e = pyramid(cfg, self.downsampler, pad_to(x_BxLxD, scales.coarsest), factors, deterministic)
@@ -104,64 +102,55 @@ class TopDown(LayerOptions):
       z = _stack(cfg, scales, i)(merge(cfg, e[i], u, deterministic, f"merge_{factors[i]}"), deterministic)
     return z[:, :length]
 
-  def _prefill(self, cfg, scales, x_BxTxD, cache):
-    factors = scales.factors
-    e = {len(factors) - 1: x_BxTxD}  # the pooled inputs, fine to coarse
-    for i in range(len(factors) - 2, -1, -1):
-      k = scales.relative_factor(i + 1)
-      window_BxVxD, cache[f"buf_{factors[i]}"] = kv_cache.shift_in(cache[f"buf_{factors[i]}"], e[i + 1])
-      count = kv_cache.num_coarse(e[i + 1].shape[1], k)
-      e[i] = pool(cfg, self.downsampler, window_BxVxD[:, :count * k], k, True, f"downsample_{factors[i]}")
-    z_BxTxD = _cached_stack(cfg, scales, 0, cache, e[0], 0)
-    for i in range(1, len(factors)):
-      k, coarse = scales.relative_factor(i), factors[i - 1]
-      rows_BxRxD = upsample(cfg, self.upsampler, z_BxTxD, k, True, f"upsample_{coarse}")
-      cache[f"rows_{coarse}"] = rows_BxRxD[:, -k:]
-      h_BxTxD = merge(cfg, e[i], rows_BxRxD[:, :e[i].shape[1]], True, f"merge_{factors[i]}")
-      z_BxTxD = _cached_stack(cfg, scales, i, cache, h_BxTxD, 0)
-    return z_BxTxD
-
-  def _step(self, cfg, scales, i: int, e_Bx1xD, t, cache):
-    """Scale i at position t (a multiple of its factor): the coarser scales whose token completes at t, then this
-    scale's stack on its token t // s; returns its output [B, 1, D] (`cache` updated in place)."""
-    factors = scales.factors
-    j = t // factors[i]
+  def _extend(self, cfg, scales, chain, i: int, e_BxTxD, start, cache):
+    """Scale i on its new rows start.. (pooled inputs e): the coarser scales on the tokens they complete (`chain`),
+    then this scale's stack on e merged with the coarser outputs they read; returns its outputs (`cache` updated in
+    place)."""
     if i == 0:
-      return _cached_stack(cfg, scales, 0, cache, e_Bx1xD, j)
-    k, coarse = scales.relative_factor(i), factors[i - 1]
-    window_BxKxD, cache[f"buf_{coarse}"] = kv_cache.shift_in(cache[f"buf_{coarse}"], e_Bx1xD)
+      return _cached_stack(cfg, scales, 0, cache, e_BxTxD, start)
+    k, coarse, new = scales.relative_factor(i), scales.factors[i - 1], chain[i - 1]
+    cache[f"stream_{coarse}"] = kv_cache.write_rows(cache[f"stream_{coarse}"], e_BxTxD, start + k - 1)
+    window_BxWxD = kv_cache.read_rows(cache[f"stream_{coarse}"], new.first * k, new.count * k)
 
-    def coarser(module, cache, window_BxKxD, t):
+    def coarser(module, cache, window_BxWxD, first):
       cache = dict(cache)
-      e_c = pool(cfg, module.downsampler, window_BxKxD, k, True, f"downsample_{coarse}")
-      z_c = module._step(cfg, scales, i - 1, e_c, t, cache)
-      cache[f"rows_{coarse}"] = upsample(cfg, module.upsampler, z_c, k, True, f"upsample_{coarse}")
+      e_c = pool(cfg, module.downsampler, window_BxWxD, k, True, f"downsample_{coarse}")
+      z_c = module._extend(cfg, scales, chain, i - 1, e_c, first, cache)
+      cache[f"z_{coarse}"] = kv_cache.write_rows(cache[f"z_{coarse}"], z_c, first)
       return cache
 
-    cache.update(nn.cond(t % coarse == 0, coarser, lambda module, cache, *_: cache, self, dict(cache), window_BxKxD,
-                         t))
-    u_Bx1xD = jnp.take(cache[f"rows_{coarse}"], (j % k)[None], axis=1)
-    return _cached_stack(cfg, scales, i, cache, merge(cfg, e_Bx1xD, u_Bx1xD, True, f"merge_{factors[i]}"), j)
+    if new.any_new is True:
+      cache.update(coarser(self, cache, window_BxWxD, new.first))
+    else:
+      cache.update(nn.cond(new.any_new, coarser, lambda module, cache, *_: cache, self, dict(cache), window_BxWxD,
+                           new.first))
+    length = e_BxTxD.shape[1]
+    first, count = kv_cache.coarse_read(start, length, k, cache[f"z_{coarse}"].shape[1])
+    rows_BxRxD = upsample(cfg, self.upsampler, kv_cache.read_rows(cache[f"z_{coarse}"], first, count), k, True,
+                          f"upsample_{coarse}")
+    u_BxTxD = lax.dynamic_slice_in_dim(rows_BxRxD, start - first * k, length, axis=1)
+    return _cached_stack(cfg, scales, i, cache, merge(cfg, e_BxTxD, u_BxTxD, True, f"merge_{scales.factors[i]}"),
+                         start)
 
 
 class AggregationBlock(nn.Module):
   """Pre-LN block at scale 1 whose head groups attend causally to the streams of the different scales.
 
   `streams` are aligned with the scales (coarse to fine); the scale-1 group attends to the block's own normed input.
-  Cached (`kvs` the groups' K/V caches, `position` as in `ScaleAttention`): streams hold each coarse scale's new
-  tokens (all of the prompt's, or the newest); returns (y, kvs).
+  Cached (`kvs` the groups' K/V caches, `position` and `firsts` as in `ScaleAttention`): streams hold each coarse
+  scale's tokens from its entry in `firsts`; returns (y, kvs).
   """
   cfg: LayerConfig
   scales: MultiScale
 
   @nn.compact
-  def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, position=None):
+  def __call__(self, x_BxLxD, streams, deterministic: bool, kvs=None, position=None, firsts=None):
     cfg = self.cfg
     h_BxLxD = layer_norm(cfg, "attention_norm")(x_BxLxD)
     attention = ScaleAttention(cfg, self.scales, name="attention")
     rows = list(streams[:-1]) + [h_BxLxD]
     if kvs is not None:
-      h_BxLxD, kvs = attention(h_BxLxD, rows, deterministic, kvs, position)
+      h_BxLxD, kvs = attention(h_BxLxD, rows, deterministic, kvs, position, firsts)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kvs
     h_BxLxD = attention(h_BxLxD, rows, deterministic)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
@@ -211,9 +200,10 @@ class BottomUp(LayerOptions):
   def _decode(self, cfg, scales, x_BxTxD, cache, position):
     n = len(scales.factors)
     start = 0 if position is None else position
-    coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, x_BxTxD, position, cache,
+    coarse, cache = cached_pyramid(self, cfg, self.downsampler, scales, x_BxTxD, start, cache,
                                    functools.partial(_cached_stack, cfg, scales))
     kvs = [cache[f"aggregate_{g}"] for g in range(n)]
-    x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, coarse + [None], True, kvs, position)
+    streams, firsts = [rows for rows, _ in coarse] + [None], [first for _, first in coarse] + [start]
+    x_BxTxD, kvs = AggregationBlock(cfg, scales, name="aggregate")(x_BxTxD, streams, True, kvs, position, firsts)
     cache.update({f"aggregate_{g}": kv for g, kv in enumerate(kvs)})
     return _cached_stack(cfg, scales, n - 1, cache, x_BxTxD, start), cache
