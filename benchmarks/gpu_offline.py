@@ -145,11 +145,15 @@ def compile_step(cfg, devices, as_gpu: bool):
   from hourglass_jax import sharding
   from hourglass_jax.train.trainer import Trainer
 
+  from hourglass_jax.ops import flash_dropout
+
   real = jax.default_backend
   if as_gpu:
     jax.default_backend = lambda: "gpu"
+  major = int(str(getattr(devices[0], "compute_capability", "9.0")).split(".")[0]) if as_gpu else None
   try:
-    with FlashRecorder() as recorder:
+    with FlashRecorder() as recorder, flash_dropout.use_blocks(flash_dropout.BLOCKS.get(
+        major, flash_dropout.DEFAULT_BLOCKS)):
       mesh = sharding.make_mesh(cfg.mesh, devices[:1])
       trainer = Trainer(cfg, mesh)
       start = time.perf_counter()

@@ -13,6 +13,8 @@ Masks are static (numpy, True = may attend) or None; a causal square mask is com
 read per tile as int8. Lengths are padded to the block sizes and head sizes to a power of two, both internally.
 """
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import NamedTuple
@@ -59,8 +61,25 @@ def is_causal(mask_TxS) -> bool:
           and bool(np.array_equal(mask_TxS, np.tril(np.ones(mask_TxS.shape, bool)))))
 
 
+_CHOSEN = contextvars.ContextVar("flash_blocks", default=None)
+
+
+@contextlib.contextmanager
+def use_blocks(blocks: Blocks):
+  """Traces in this context (this thread) tile with `blocks` instead of `device_blocks()`'s row, e.g. to compile for
+  a GPU that is described, not attached, or to time another setting."""
+  token = _CHOSEN.set(blocks)
+  try:
+    yield
+  finally:
+    _CHOSEN.reset(token)
+
+
 def device_blocks() -> Blocks:
-  """`BLOCKS`' row for the first device's compute capability; `DEFAULT_BLOCKS` off a GPU or for another one."""
+  """`use_blocks`' setting, else `BLOCKS`' row for the first device's compute capability (`DEFAULT_BLOCKS` off a
+  GPU or for another generation)."""
+  if _CHOSEN.get() is not None:
+    return _CHOSEN.get()
   device = jax.devices()[0]
   capability = str(getattr(device, "compute_capability", "")) if device.platform == "gpu" else ""
   major = capability.split(".")[0]
