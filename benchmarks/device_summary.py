@@ -49,16 +49,18 @@ def summary_markdown(results) -> str:
   decode = record.get("decode") or []
   if decode:
     lines += ["", "| decoding batch | tokens | cache | compile s | tokens/s |", "|---|---|---|---|---|"]
-    for r in decode:
-      rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else (r.get("skipped") or r.get("error", "-"))[:80]
-      lines.append(f"| {r['batch']} | {r['tokens']} | {r['cache']} | {r.get('compile_s', '-')} | {rate} |")
+    lines += [f"| {r['batch']} | {r['tokens']} | {r['cache']} | {r.get('compile_s', '-')} | {_rate(r)} |"
+              for r in decode]
   speculative = record.get("speculative") or []
   if speculative:
     lines += ["", "| speculative decoding batch | tokens/s | acceptance |", "|---|---|---|"]
-    for r in speculative:
-      rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else (r.get("skipped") or r.get("error", "-"))[:90]
-      lines.append(f"| {r['batch']} | {rate} | {r.get('acceptance', '-')} |")
+    lines += [f"| {r['batch']} | {_rate(r)} | {r.get('acceptance', '-')} |" for r in speculative]
   return "\n".join(lines) + "\n"
+
+
+def _rate(row: dict) -> str:
+  """A decoding row's tokens/s, or why it has none."""
+  return f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else (row.get("skipped") or row.get("error", "-"))[:90]
 
 
 def _tests_lines(title: str, tests: dict) -> list[str]:
