@@ -3,17 +3,23 @@
     bash benchmarks/device_check.sh                  (or: python benchmarks/device_check.py [--budget_s 420])
     python benchmarks/device_check.py --dry-run      the same code at tiny sizes on a CPU (CI runs it)
 
-In order, each stage stopped at its time budget and the whole run at --budget_s (what is left over is recorded as
-skipped, never silently dropped):
-  1. the GPU-marked tests in a pytest subprocess (before this process takes the GPU's memory): the attention
-     dispatcher and the flash kernel against the reference, cached decoding parity, a bfloat16 run of every kind;
+Every program (each train case, each decoding batch) is compiled ahead in a thread pool from the start (XLA
+compiles without the GIL; persistent cache in .jax_cache), in the order the stages use them, so compiles overlap
+the tests and each other and a cold first run still reaches every case. Stages, each stopped at its budget and the
+whole run at --budget_s (what is left over is recorded as skipped, never silently dropped):
+  1. smoke tests in a pytest subprocess, a verdict within --tests_s (90 s): the flash kernel against the reference
+     at two shapes with dropout and gradients, cuDNN attention, one decoding-parity case per model kind, one
+     bfloat16 train step;
   2. the device, jax and plugin versions, and a measured bfloat16 matmul peak;
-  3. train-step throughput and MFU (vs the measured peak and the device's nominal bf16 peak) of configs/gpu.py:
-     the enwik8 model with attention dropout 0.2 (the fused Pallas kernel) and 0 (cuDNN), :large (d 1024, ~430M
-     parameters; bytes/s set against AU-Net's 225k bytes/s per H100 at 1B, scaled by parameters), :dynamic and its
-     :fixed twin;
-  4. cached decoding tokens/s of the enwik8 model at batch 1, 16 and 128.
-Every program is compiled once (ahead of time, persistent cache in .jax_cache) and timed until --measure_s.
+  3. train-step throughput and MFU of configs/gpu.py (the enwik8 model with attention dropout 0.2 (the flash kernel)
+     and 0 (cuDNN), :large (bytes/s against AU-Net's 225k bytes/s per H100 at 1B, scaled by parameters), :dynamic
+     and its :fixed twin), each preset's step profiled (jax.profiler: its top kernels by time); then the ablation
+     rows that attribute the step time (attention kernel flash / cuDNN / XLA without dropout, dropout off, remat,
+     a vanilla stack of equal depth, the flash kernel's untuned block sizes);
+  4. cached decoding tokens/s of the enwik8 model at batch 1, 16 and 128 (measured between the presets and the
+     ablations: asked for first);
+  5. speculative decoding at batch 1 and 16: a hook for issue 53 (recorded as not measured until it exists);
+  6. with --full_tests, every GPU-marked test not marked slow, group by group.
 
 Writes results/device_<device>.json (appended) and results/device_<device>.md (benchmarks/device_summary.py).
 """
@@ -23,8 +29,11 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
+# Memory on demand: the smoke tests' subprocess runs on the same GPU while this process compiles.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import concurrent.futures  # noqa: E402
 import importlib.metadata  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
@@ -35,38 +44,75 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.device_summary import latest_summary, summary_markdown  # noqa: E402,F401  (the generator's API)
 
-# (group, pytest arguments): each group a subprocess of its own, so a slow one cannot void the others' outcome
+# The smoke stage: one pytest run, one case of each GPU path (test ids; tests/test_device_check.py checks they exist)
+SMOKE_TESTS = [
+    "tests/test_flash_dropout.py::test_flash_matches_reference_with_dropout[causal]",
+    "tests/test_flash_dropout.py::test_flash_matches_reference_with_dropout[shorten]",
+    "tests/test_attention.py::test_cudnn_matches_reference_on_gpu[True-causal]",
+    "tests/test_decode.py::test_hourglass_decoding_matches_forward[avg-repeat-1@1 2@3 1@1-rope-0]",
+    "tests/test_decode.py::test_vanilla_decoding_matches_forward[rope]",
+    "tests/test_decode.py::test_dynamic_decoding_matches_forward[hourglass 1@1 2@3 1@1 dynamic/repeat whitespace mean rope]",
+    "tests/test_decode.py::test_multiscale_decoding_matches_forward[topdown 4,2,1 avg/transposed_conv rope]",
+    "tests/test_train_kinds.py::test_every_kind_trains_in_bfloat16_with_dropout_on_gpu[hourglass_bfloat16]",
+]
+# (group, pytest arguments) of --full_tests: each group a subprocess of its own, so a slow one cannot void the others
 GPU_TESTS = [("attention", ["tests/test_attention.py", "tests/test_flash_dropout.py"]),
              ("decoding parity", ["tests/test_decode.py", "-k", "hourglass_decoding_matches_forward or "
                                   "vanilla_decoding_matches_forward"]),
              ("every kind trains (bfloat16)", ["tests/test_train_kinds.py"])]
 DRY_TESTS = [("dispatcher", ["tests/test_flash_dropout.py::test_dispatcher_picks_flash_on_gpu_with_dropout"])]
-# key: (row name, configs/gpu.py preset, model overrides)
-TRAIN_CASES = {"dropout": ("enwik8 dropout 0.2", "", {}),
-               "no_attention_dropout": ("enwik8 attention dropout 0", "", dict(attention_dropout=0.0)),
-               "large": ("large", "large", {}), "dynamic": ("dynamic (whitespace)", "dynamic", {}),
-               "fixed": ("fixed twin", "fixed", {}),
-               # not run by default: the kernel 'auto' used with dropout before the flash kernel, to compare
-               "dropout_block": ("enwik8 dropout 0.2, block attention", "", dict(attention_impl="block"))}
-DEFAULT_CASES = "dropout,no_attention_dropout,large,dynamic,fixed"
+
+
+def _case(name, preset="", batch=None, remat=None, blocks=None, **model):
+  """A train case: configs/gpu.py's `preset` with `model` overrides, another batch, a remat policy, or the flash
+  kernel's block sizes named ('default': flash_dropout.DEFAULT_BLOCKS)."""
+  return dict(name=name, preset=preset, model=model, batch=batch, remat=remat, blocks=blocks)
+
+
+# The presets first, then the ablations that attribute the enwik8 step's time, in the order they are measured.
+TRAIN_CASES = {
+    "dropout": _case("enwik8 dropout 0.2"),
+    "no_attention_dropout": _case("enwik8 attention dropout 0", attention_dropout=0.0),
+    "large": _case("large", "large"), "dynamic": _case("dynamic (whitespace)", "dynamic"),
+    "fixed": _case("fixed twin", "fixed"),
+    "attention_flash": _case("ablation: flash attention, no dropout, batch 8", batch=8, dropout=0.0,
+                             attention_dropout=0.0, attention_impl="flash"),
+    "attention_cudnn": _case("ablation: cuDNN attention, no dropout, batch 8", batch=8, dropout=0.0,
+                             attention_dropout=0.0, attention_impl="cudnn"),
+    "attention_xla": _case("ablation: XLA attention, no dropout, batch 8", batch=8, dropout=0.0,
+                           attention_dropout=0.0, attention_impl="xla"),
+    "no_dropout": _case("ablation: enwik8 without dropout", dropout=0.0, attention_dropout=0.0),
+    "remat_dots": _case("ablation: enwik8 dropout 0.2, remat dots_saveable", remat="dots_saveable"),
+    "vanilla": _case("ablation: vanilla 34@1 (equal depth), dropout 0.2", kind="vanilla", hierarchy="34@1"),
+    "untuned_blocks": _case("ablation: enwik8 dropout 0.2, flash blocks 64 x 64 / 32", blocks="default"),
+    # not run by default: the kernel 'auto' used with dropout before the flash kernel, to compare
+    "dropout_block": _case("enwik8 dropout 0.2, block attention", attention_impl="block"),
+}
+DEFAULT_CASES = ",".join(k for k in TRAIN_CASES if k != "dropout_block")
+PRESET_CASES = ("dropout", "no_attention_dropout", "large", "dynamic", "fixed")  # measured and profiled first
 DECODE_BATCHES = (1, 16, 128)
+SPECULATIVE_BATCHES = (1, 16)
 AUNET_BYTES_PER_S, AUNET_PARAMS = 225e3, 1e9  # AU-Net, 1B parameters, per H100 (the issue's anchor)
 # --dry-run: every model tiny, one timed step, decoding 4 tokens.
 DRY = dict(model=dict(d_model=32, num_heads=2, d_ff=64), seq_len=48, batch=2, decode_batches=(1, 2, 4),
            decode_tokens=4, hierarchy={"": "1@1 1@3 1@1", "large": "1@1 1@3 1@1", "dynamic": "1@1 1@4 1@1",
-                                       "fixed": "1@1 1@4 1@1"})
+                                       "fixed": "1@1 1@4 1@1", "vanilla": "3@1"})
 
 
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--dry-run", dest="dry_run", action="store_true", help="tiny sizes on any backend (CI)")
   parser.add_argument("--budget_s", type=float, default=420.0, help="the whole battery's wall-clock bound")
-  parser.add_argument("--tests_s", type=float, default=120.0, help="bound of the pytest stage")
-  parser.add_argument("--measure_s", type=float, default=8.0, help="timed seconds per measurement")
+  parser.add_argument("--tests_s", type=float, default=90.0, help="bound of the smoke-test stage")
+  parser.add_argument("--full_tests", action="store_true", help="also every GPU test not marked slow, at the end")
+  parser.add_argument("--full_tests_s", type=float, default=150.0, help="bound of the --full_tests stage")
+  parser.add_argument("--measure_s", type=float, default=5.0, help="timed seconds per measurement")
   parser.add_argument("--max_steps", type=int, default=30, help="timed steps per measurement at most")
   parser.add_argument("--decode_tokens", type=int, default=64)
   parser.add_argument("--probe_size", type=int, default=8192, help="side of the bfloat16 peak matmul")
-  parser.add_argument("--skip", default="", help="stages to leave out: tests,train,decode")
+  parser.add_argument("--compile_workers", type=int, default=3,
+                      help="programs compiled ahead at once (0: each compiled when its stage reaches it)")
+  parser.add_argument("--skip", default="", help="stages to leave out: tests,train,profile,decode,speculative")
   parser.add_argument("--cases", default=DEFAULT_CASES, help="train cases, of " + ",".join(TRAIN_CASES))
   parser.add_argument("--decode_batches", default="", help="default 1,16,128 (dry run 1,2,4)")
   parser.add_argument("--results", default="", help="results folder (default benchmarks/results)")
@@ -91,18 +137,39 @@ class Clock:
     return self.budget - (time.perf_counter() - self.start)
 
 
-def run_tests(args, clock: Clock) -> dict:
-  """The GPU-marked tests, unmarked-slow ones only (on a CPU they skip, so --dry-run runs one logic test), group
-  by group in pytest subprocesses, within --tests_s together."""
+class Programs:
+  """Every program the stages will run, compiled ahead by a thread pool in the order they are needed (XLA compiles
+  without the GIL); `get(key, timeout_s)` waits for one. With no workers each compiles when it is first asked for."""
+
+  def __init__(self, workers: int):
+    self.pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 0 else None
+    self.jobs = {}
+
+  def submit(self, key, compile_fn):
+    self.jobs[key] = self.pool.submit(compile_fn) if self.pool else compile_fn
+
+  def get(self, key, timeout_s: float):
+    job = self.jobs[key]
+    return job.result(timeout=max(0.0, timeout_s)) if self.pool else job()
+
+  def close(self):
+    if self.pool:
+      self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_tests(args, clock: Clock, groups=None, budget_s=None) -> dict:
+  """pytest subprocesses (one per group, so a slow group cannot void the others' outcome), within `budget_s`
+  together: by default the smoke tests (on a CPU, --dry-run: one logic test). Tests marked slow are left out."""
   env = dict(os.environ)
   if not args.dry_run:
-    env.update(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-  deadline = time.perf_counter() + min(args.tests_s, clock.left())
-  groups, totals = [], {}
-  for name, tests in DRY_TESTS if args.dry_run else GPU_TESTS:
+    env.update(JAX_PLATFORMS="cuda")
+  groups = groups or (DRY_TESTS if args.dry_run else [("smoke", SMOKE_TESTS)])
+  deadline = time.perf_counter() + min(args.tests_s if budget_s is None else budget_s, clock.left())
+  outcomes, totals = [], {}
+  for name, tests in groups:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "not slow", *tests]
     group = dict(name=name, command=" ".join(command[1:]))
-    groups.append(group)
+    outcomes.append(group)
     left = deadline - time.perf_counter()
     if left < 5:
       group.update(skipped="out of time", counts={}, failures=[])
@@ -118,11 +185,12 @@ def run_tests(args, clock: Clock) -> dict:
                  seconds=round(time.perf_counter() - start, 1), tail=output[-2000:])
     for word, n in group["counts"].items():
       totals[word] = totals.get(word, 0) + n
-  failures = [f for g in groups for f in g["failures"]]
-  return dict(groups=groups, counts=totals, failures=failures,
-              timed_out=any(g.get("timed_out") or g.get("skipped") for g in groups),
-              command="-m pytest -m 'not slow' " + " ".join(" ".join(t) for _, t in
-                                                             (DRY_TESTS if args.dry_run else GPU_TESTS)))
+  failures = [f for g in outcomes for f in g["failures"]]
+  return dict(groups=outcomes, counts=totals, failures=failures,
+              timed_out=any(g.get("timed_out") or g.get("skipped") for g in outcomes),
+              verdict="failed" if failures or any(g.get("returncode") not in (0, None) for g in outcomes)
+              else "no verdict" if any(g.get("timed_out") or g.get("skipped") for g in outcomes) else "passed",
+              command="-m pytest -m 'not slow' " + " ".join(" ".join(t) for _, t in groups))
 
 
 def pytest_outcome(output: str) -> dict:
@@ -140,7 +208,7 @@ def environment(args) -> dict:
   from hourglass_jax.train import metrics
 
   versions = {}
-  for package in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax"):
+  for package in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "flax", "optax"):
     try:
       versions[package] = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -153,21 +221,28 @@ def environment(args) -> dict:
   nominal, source = metrics.peak_flops_per_device(0.0, "bfloat16")
   return dict(machine=machine_info(), versions=versions, device_kind=device.device_kind,
               platform_version=getattr(device.client, "platform_version", ""),
+              compute_capability=str(getattr(device, "compute_capability", "")),
               memory_limit=(stats or {}).get("bytes_limit"), peak_measured_bf16=probe.best,
               peak_nominal_bf16=nominal, peak_nominal_source=source)
 
 
-def train_config(preset: str, overrides: dict, dry_run: bool):
-  """configs/gpu.py's preset as a benchmark step: synthetic data, no eval, checkpoint or sample."""
+def train_config(preset: str, overrides: dict, dry_run: bool, case: dict | None = None):
+  """configs/gpu.py's preset as a benchmark step: synthetic data, no eval, checkpoint or sample; `case` (a
+  TRAIN_CASES entry) may change the batch and the remat policy."""
   from benchmarks.common import load_config
 
   cfg = load_config("gpu", preset)
   cfg.model.update(overrides)
+  if case and case["batch"]:
+    cfg.data.batch_size = case["batch"]
   if dry_run:
-    cfg.model.update(hierarchy=DRY["hierarchy"][preset], **DRY["model"])
+    hierarchy = DRY["hierarchy"]["vanilla" if cfg.model.kind == "vanilla" else preset]
+    cfg.model.update(hierarchy=hierarchy, **DRY["model"])
     cfg.data.update(seq_len=DRY["seq_len"], batch_size=DRY["batch"])
   cfg.data.update(name="synthetic", eval_batches=1)
   cfg.train.update(steps=1_000_000, warmup_steps=10, eval_every=0, sample_bytes=0, grad_accum_steps=1)
+  if case and case["remat"]:
+    cfg.train.update(remat=True, remat_policy=case["remat"])
   cfg.checkpoint.update(every_steps=0)
   return cfg
 
@@ -196,23 +271,33 @@ def timed(call, measure_s: float, max_steps: int) -> list[float]:
   return times
 
 
-def measure_train(args, env: dict, clock: Clock) -> list[dict]:
+def compile_train_case(cfg, blocks: str | None):
+  """(cfg, compile_step's result): runs in a compile thread, nothing executes. `blocks`: a TRAIN_CASES entry's."""
+  from benchmarks.steps import compile_step
+  from hourglass_jax.ops import flash_dropout
+
+  chosen = flash_dropout.DEFAULT_BLOCKS if blocks == "default" else flash_dropout.device_blocks()
+  with flash_dropout.use_blocks(chosen):
+    return cfg, compile_step(cfg)
+
+
+def measure_train(args, keys: list[str], env: dict, clock: Clock, programs: Programs, profiles: dict) -> list[dict]:
   from benchmarks.common import median
-  from benchmarks.steps import StepRunner, compile_step
+  from benchmarks.device_profile import profile_call
+  from benchmarks.steps import StepRunner
 
   rows = []
-  for key in args.cases.split(","):
-    name, preset, overrides = TRAIN_CASES[key]
-    row = dict(name=name, preset=preset, overrides=overrides)
+  for key in keys:
+    case = TRAIN_CASES[key]
+    row = dict(name=case["name"], case=key, preset=case["preset"], overrides=case["model"])
     rows.append(row)
-    if clock.left() < (5 if args.dry_run else 60):  # an enwik8 step compiled in 65 s on an H100
-      row["skipped"] = "out of time"
+    if clock.left() < (5 if args.dry_run else 20) or ("train", key) not in programs.jobs:
+      row["skipped"] = "out of time" if ("train", key) in programs.jobs else "cuDNN attention needs a GPU"
       continue
     try:
-      cfg = train_config(preset, overrides, args.dry_run)
+      cfg, compiled = programs.get(("train", key), clock.left() - (2 if args.dry_run else 15))
       row.update(batch=cfg.data.batch_size, seq_len=cfg.data.seq_len, dtype=cfg.model.dtype,
-                 attention=attention_kernel(cfg))
-      compiled = compile_step(cfg)
+                 attention=attention_kernel(cfg), remat=cfg.train.remat and cfg.train.remat_policy)
       row.update(compiled[2])
       limit = env.get("memory_limit")
       if limit and row["memory_bytes"] and row["memory_bytes"] > limit:
@@ -220,30 +305,38 @@ def measure_train(args, env: dict, clock: Clock) -> list[dict]:
         continue
       runner = StepRunner(cfg, compiled)
       times = timed(runner, min(args.measure_s, max(0.0, clock.left() - 30)), args.max_steps)
+      if key in PRESET_CASES and "profile" not in args.skip_set:
+        profiles[row["name"]] = profile_call(runner)
       runner.close()
       step = median(times)
       tokens = row["batch"] * row["seq_len"]
       row.update(step_times=times, step_s=step, bytes_per_s=tokens / step,
                  mfu_measured_peak=row["model_flops"] / step / env["peak_measured_bf16"],
                  mfu_nominal_peak=row["model_flops"] / step / env["peak_nominal_bf16"])
-      if preset == "large":
+      if case["preset"] == "large":
         row["aunet_bytes_per_s_scaled"] = AUNET_BYTES_PER_S * AUNET_PARAMS / row["params"]
+    except concurrent.futures.TimeoutError:
+      row["skipped"] = "out of time (still compiling)"
     except Exception as error:  # noqa: BLE001 -- one failed case must not lose the others' figures
       row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
-    print(f"train {name}: " + _short(row), flush=True)
+    print(f"train {row['name']}: " + _short(row), flush=True)
   return rows
 
 
-def decode_program(cfg, batch: int, tokens: int):
-  """A compiled loop of `tokens` cached decoding steps at batch `batch` from an empty cache of seq_len tokens."""
+def decode_config(dry_run: bool):
+  return train_config("", dict(dropout=0.0), dry_run)
+
+
+def compile_decode(cfg, batch: int, tokens: int):
+  """(a compiled loop of `tokens` cached decoding steps at batch `batch` from an empty cache of seq_len tokens,
+  compile seconds); the arguments are abstract (a compile thread runs this), `decode_arguments` makes real ones."""
   import jax
   import jax.numpy as jnp
 
   from hourglass_jax.model import ModelConfig, build_model, decode
-  from hourglass_jax.testing import random_variables
+  from hourglass_jax.testing import variable_shapes
 
   model_cfg = ModelConfig.from_dict(cfg.model)
-  params = random_variables(build_model(model_cfg), jnp.zeros((1, 8), jnp.int32))["params"]
 
   def run(params, cache, token_B):
     def body(i, carry):
@@ -252,32 +345,61 @@ def decode_program(cfg, batch: int, tokens: int):
       return cache, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
     return jax.lax.fori_loop(0, tokens, body, (cache, token_B))[1]
 
-  args = (params, decode.init_cache(model_cfg, batch, cfg.data.seq_len), jnp.zeros((batch,), jnp.int32))
-  program = jax.jit(run).lower(*args).compile()
-  return lambda: jax.block_until_ready(program(*args))
+  params = variable_shapes(build_model(model_cfg), (1, 8), jnp.dtype(jnp.int32))["params"]
+  cache = jax.eval_shape(lambda: decode.init_cache(model_cfg, batch, cfg.data.seq_len))
+  start = time.perf_counter()
+  program = jax.jit(run).lower(params, cache, jax.ShapeDtypeStruct((batch,), jnp.int32)).compile()
+  return program, round(time.perf_counter() - start, 1)
 
 
-def measure_decode(args, clock: Clock) -> list[dict]:
+def decode_arguments(cfg, batch: int):
+  import jax.numpy as jnp
+
+  from hourglass_jax.model import ModelConfig, build_model, decode
+  from hourglass_jax.testing import random_variables
+
+  model_cfg = ModelConfig.from_dict(cfg.model)
+  params = random_variables(build_model(model_cfg), jnp.zeros((1, 8), jnp.int32))["params"]
+  return params, decode.init_cache(model_cfg, batch, cfg.data.seq_len), jnp.zeros((batch,), jnp.int32)
+
+
+def measure_decode(args, clock: Clock, programs: Programs) -> list[dict]:
+  import jax
+
   from benchmarks.common import median
 
-  cfg = train_config("", dict(dropout=0.0), args.dry_run)
+  cfg = decode_config(args.dry_run)
   rows = []
   for batch in args.decode_batches:
     row = dict(batch=batch, tokens=args.decode_tokens, cache=cfg.data.seq_len)
     rows.append(row)
-    if clock.left() < (3 if args.dry_run else 20):
+    if clock.left() < (3 if args.dry_run else 10):
       row["skipped"] = "out of time"
       continue
     try:
-      start = time.perf_counter()
-      call = decode_program(cfg, batch, args.decode_tokens)
-      row["compile_s"] = round(time.perf_counter() - start, 1)
+      program, row["compile_s"] = programs.get(("decode", batch), clock.left() - 5)
+      arguments = decode_arguments(cfg, batch)
+      call = lambda: jax.block_until_ready(program(*arguments))
       seconds = median(timed(call, min(args.measure_s, max(0.0, clock.left() - 10)), max(3, args.max_steps // 10)))
       row.update(seconds=seconds, tokens_per_s=batch * args.decode_tokens / seconds)
+    except concurrent.futures.TimeoutError:
+      row["skipped"] = "out of time (still compiling)"
     except Exception as error:  # noqa: BLE001
       row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
     print(f"decode batch {batch}: " + _short(row), flush=True)
   return rows
+
+
+def measure_speculative(args, clock: Clock) -> list[dict]:
+  """HOOK for issue 53 (speculative decoding, the lead's): tokens/s of the enwik8 model at batch 1 and 16 with
+  its draft. It calls `benchmarks/speculative_decode.py`'s `battery_rows(batches, dry_run, seconds_left)` when that
+  module exists; until then each row says it is not measured."""
+  try:
+    from benchmarks import speculative_decode
+  except ImportError:
+    return [dict(batch=b, skipped="not measured: speculative decoding has no benchmark yet (issue 53)")
+            for b in SPECULATIVE_BATCHES]
+  return speculative_decode.battery_rows(SPECULATIVE_BATCHES, args.dry_run, clock.left())
 
 
 def _short(row: dict) -> str:
@@ -290,21 +412,69 @@ def _slug(text: str) -> str:
   return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
+def submit_programs(args, programs: Programs):
+  """Every train case and decoding batch, in the order the stages measure them. Configs are made and modules
+  imported here, in the main thread: two threads importing the package at once can meet a half-imported module."""
+  import functools
+
+  import benchmarks.steps  # noqa: F401
+  import hourglass_jax.testing  # noqa: F401
+
+  import jax
+
+  def train(keys):
+    for key in keys if "train" not in args.skip_set else ():
+      case = TRAIN_CASES[key]
+      if case["model"].get("attention_impl") == "cudnn" and jax.default_backend() != "gpu":
+        continue
+      cfg = train_config(case["preset"], case["model"], args.dry_run, case)
+      programs.submit(("train", key), functools.partial(compile_train_case, cfg, case["blocks"]))
+
+  presets, ablations = split_cases(args.cases)
+  train(presets)
+  if "decode" not in args.skip_set:
+    cfg = decode_config(args.dry_run)
+    for batch in args.decode_batches:
+      programs.submit(("decode", batch), functools.partial(compile_decode, cfg, batch, args.decode_tokens))
+  train(ablations)
+
+
+def split_cases(cases: str) -> tuple[list[str], list[str]]:
+  """--cases as (the presets, measured before decoding; the ablations, after it)."""
+  keys = cases.split(",")
+  return [k for k in keys if k in PRESET_CASES], [k for k in keys if k not in PRESET_CASES]
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  args.skip_set = set(filter(None, args.skip.split(",")))
   clock = Clock(args.budget_s)
-  skip = set(filter(None, args.skip.split(",")))
-  record = dict(args=vars(args), dry_run=args.dry_run)
-  if "tests" not in skip:  # first: the subprocess needs the GPU's memory before this process takes it
-    record["tests"] = run_tests(args, clock)
-    print(f"tests: {record['tests']['counts']}, failed: {record['tests']['failures']}", flush=True)
+  record = dict(args={k: v for k, v in vars(args).items() if k != "skip_set"}, dry_run=args.dry_run)
+  programs = Programs(args.compile_workers)
+  try:
+    submit_programs(args, programs)  # compiles start now, beside the smoke tests
+    if "tests" not in args.skip_set:
+      record["tests"] = run_tests(args, clock)
+      print(f"smoke tests: {record['tests']['verdict']}, {record['tests']['counts']}, failed: "
+            f"{record['tests']['failures']}", flush=True)
+    record["environment"] = environment(args)
+    presets, ablations = split_cases(args.cases)
+    train = "train" not in args.skip_set
+    record.update(train=[], profile={})
+    if train:  # the presets, decoding and the speculative hook before the ablations: the rows asked for first
+      record["train"] += measure_train(args, presets, record["environment"], clock, programs, record["profile"])
+    if "decode" not in args.skip_set:
+      record["decode"] = measure_decode(args, clock, programs)
+    if "speculative" not in args.skip_set:
+      record["speculative"] = measure_speculative(args, clock)
+    if train:
+      record["train"] += measure_train(args, ablations, record["environment"], clock, programs, record["profile"])
+    if args.full_tests:
+      record["full_tests"] = run_tests(args, clock, DRY_TESTS if args.dry_run else GPU_TESTS, args.full_tests_s)
+  finally:
+    programs.close()
   from benchmarks.common import RESULTS, append_result
 
-  record["environment"] = environment(args)
-  if "train" not in skip:
-    record["train"] = measure_train(args, record["environment"], clock)
-  if "decode" not in skip:
-    record["decode"] = measure_decode(args, clock)
   record["wall_s"] = round(time.perf_counter() - clock.start, 1)
   name = "device_" + ("dry_run_" if args.dry_run else "") + _slug(record["environment"]["device_kind"])
   results = pathlib.Path(args.results) if args.results else RESULTS

@@ -20,15 +20,9 @@ def summary_markdown(results) -> str:
   if env:
     lines.append(f"bfloat16 matmul peak: {env['peak_measured_bf16'] / 1e12:.1f} TFLOP/s measured, "
                  f"{env['peak_nominal_bf16'] / 1e12:.1f} TFLOP/s nominal ({env['peak_nominal_source']}).")
-  tests = record.get("tests")
-  if tests:
-    counts = ", ".join(f"{n} {word}" for word, n in tests["counts"].items()) or "no summary"
-    lines.append(f"\nTests (`{tests['command']}`): {counts}" + (", timed out" if tests["timed_out"] else "")
-                 + (f"; failed: {', '.join(tests['failures'])}" if tests["failures"] else "") + ".")
-    for group in tests.get("groups", []):
-      state = group.get("skipped") or ("timed out" if group.get("timed_out") else
-                                       ", ".join(f"{n} {w}" for w, n in group["counts"].items()))
-      lines.append(f"- {group['name']}: {state}" + (f" in {group['seconds']} s" if "seconds" in group else ""))
+  for title, tests in (("Smoke tests", record.get("tests")), ("Full GPU tests", record.get("full_tests"))):
+    if tests:
+      lines += _tests_lines(title, tests)
   train = record.get("train") or []
   if train:
     lines += ["", "| train step | batch x length | params | attention | compile s | GiB | s/step | bytes/s | "
@@ -49,13 +43,37 @@ def summary_markdown(results) -> str:
       lines.append(f"\n:large at {large['params'] / 1e6:.0f}M parameters: {large['bytes_per_s']:,.0f} bytes/s, "
                    f"against AU-Net's 225k bytes/s at 1B scaled by parameters to "
                    f"{large['aunet_bytes_per_s_scaled']:,.0f}.")
+  for name, profile in (record.get("profile") or {}).items():
+    kernels = ", ".join(f"{k['name']} {k['share']:.0%}" for k in profile["kernels"][:6])
+    lines.append(f"\nProfile of one step, {name} ({profile['source']} time {profile['total_ms']:.1f} ms): {kernels}.")
   decode = record.get("decode") or []
   if decode:
     lines += ["", "| decoding batch | tokens | cache | compile s | tokens/s |", "|---|---|---|---|---|"]
-    for r in decode:
-      rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else (r.get("skipped") or r.get("error", "-"))[:80]
-      lines.append(f"| {r['batch']} | {r['tokens']} | {r['cache']} | {r.get('compile_s', '-')} | {rate} |")
+    lines += [f"| {r['batch']} | {r['tokens']} | {r['cache']} | {r.get('compile_s', '-')} | {_rate(r)} |"
+              for r in decode]
+  speculative = record.get("speculative") or []
+  if speculative:
+    lines += ["", "| speculative decoding batch | tokens/s | acceptance |", "|---|---|---|"]
+    lines += [f"| {r['batch']} | {_rate(r)} | {r.get('acceptance', '-')} |" for r in speculative]
   return "\n".join(lines) + "\n"
+
+
+def _rate(row: dict) -> str:
+  """A decoding row's tokens/s, or why it has none."""
+  return f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else (row.get("skipped") or row.get("error", "-"))[:90]
+
+
+def _tests_lines(title: str, tests: dict) -> list[str]:
+  counts = ", ".join(f"{n} {word}" for word, n in tests["counts"].items()) or "no summary"
+  verdict = tests.get("verdict") or ("no verdict" if tests["timed_out"] else "failed" if tests["failures"] else
+                                     "passed")
+  lines = [f"\n{title} (`{tests['command']}`): {verdict}; {counts}" + (", timed out" if tests["timed_out"] else "")
+           + (f"; failed: {', '.join(tests['failures'])}" if tests["failures"] else "") + "."]
+  for group in tests.get("groups", []):
+    state = group.get("skipped") or ("timed out" if group.get("timed_out") else
+                                     ", ".join(f"{n} {w}" for w, n in group["counts"].items()))
+    lines.append(f"- {group['name']}: {state}" + (f" in {group['seconds']} s" if "seconds" in group else ""))
+  return lines
 
 
 def latest_summary(results_dir=None) -> str:

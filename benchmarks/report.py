@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import report_tables as tables  # noqa: E402
 from benchmarks.device_summary import latest_summary  # noqa: E402
+from benchmarks.gpu_offline_summary import latest_summary as offline_summary  # noqa: E402
 
 PAGE = ROOT / "BENCHMARKS.md"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -92,6 +93,8 @@ def page(results: pathlib.Path = RESULTS) -> str:
       tables.throughput_section(results),
       "## GPU device battery\n",
       latest_summary(results),
+      "## GPU step estimated offline (compiled for an H100 without one)\n",
+      offline_summary(results),
       tables.study_section(study, deep),
       tables.learning_section(load(results, "learning.json")[-1]),
       tables.dynamic_section(results),

@@ -13,10 +13,13 @@ from hourglass_jax.model.hourglass.resampling import shorten_mask
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation
 from hourglass_jax.ops.dropout import keep_mask
-from hourglass_jax.ops.flash_dropout import flash_attention
+from hourglass_jax.ops import flash_dropout
+from hourglass_jax.ops.flash_dropout import Blocks, flash_attention
 
 INTERPRET = jax.default_backend() != "gpu"
 BLOCKS = dict(block_q=16, block_k=16, block_bwd=16)
+# dK/dV and dQ tiled differently from each other and from the forward, as the Hopper row of flash_dropout.BLOCKS
+UNEVEN = dict(blocks=Blocks(16, 32, 16, 32, 32, 16))
 
 
 def _qkv(t, s, b=1, n=1, h=8, seed=0):
@@ -35,15 +38,16 @@ def _values_and_grads(attend, q, k, v):
   return (value, grads), out
 
 
-@pytest.mark.parametrize("mask_name", ["causal", "shorten"])
-def test_flash_matches_reference_with_dropout(mask_name):
+@pytest.mark.parametrize("mask_name, blocks", [("causal", BLOCKS), ("shorten", BLOCKS), ("causal", UNEVEN)],
+                         ids=["causal", "shorten", "causal-uneven-blocks"])
+def test_flash_matches_reference_with_dropout(mask_name, blocks):
   # causal at an odd length (padded to the blocks, computed in the kernel); shorten: queries and keys of different
   # lengths, the mask read per tile, a query block with no key in some tiles.
   mask = causal_mask(19) if mask_name == "causal" else shorten_mask(24, 3)
   q, k, v = _qkv(*mask.shape)
   rng = jax.random.key(3)
   flash = functools.partial(flash_attention, mask_TxS=mask, dropout_rate=0.25, dropout_rng=rng, interpret=INTERPRET,
-                            **BLOCKS)
+                            **blocks)
   ref = functools.partial(reference_attention, mask_TxS=mask, dropout_rate=0.25, dropout_rng=rng)
   (loss, grads), out = _values_and_grads(flash, q, k, v)
   (ref_loss, ref_grads), ref_out = _values_and_grads(ref, q, k, v)
@@ -66,6 +70,18 @@ def test_flash_draws_the_keep_mask_of_the_hash():
   other = flash_attention(q, q, v, None, dropout_rate=rate, dropout_rng=jax.random.key(12), interpret=INTERPRET,
                           **BLOCKS)
   assert not np.array_equal(np.asarray(other), np.asarray(out))
+
+
+def test_block_sizes_follow_the_gpu_generation_and_shrink_rather_than_pad_much(monkeypatch):
+  class Device:
+    platform, compute_capability = "gpu", "9.0"
+
+  monkeypatch.setattr(jax, "devices", lambda *_: [Device()])
+  assert flash_dropout.device_blocks() == flash_dropout.BLOCKS[9]
+  Device.compute_capability = "7.5"
+  assert flash_dropout.device_blocks() == flash_dropout.DEFAULT_BLOCKS
+  # 2052 tokens pad to 2176 with 128-blocks (6%); 513 would pad to 640 (25%), so it takes 64 (576)
+  assert (flash_dropout._block(128, 2052), flash_dropout._block(128, 513), flash_dropout._block(128, 40)) == (128, 64, 64)
 
 
 def test_dispatcher_picks_flash_on_gpu_with_dropout(monkeypatch):

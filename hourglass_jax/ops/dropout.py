@@ -33,9 +33,11 @@ def keep_mask(rng, rate: float, shape: tuple[int, ...]):
   rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
   if rows >= 2 ** 32 or cols >= 2 ** 32:
     raise ValueError(f"dropout on {shape}: more than 2^32 rows or columns.")
-  col = jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 1)
-  row = jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 0)
-  bits = mix32(mix32(col ^ seeds[0]) ^ mix32(row ^ seeds[1]))
+  # The row and column halves are hashed as vectors and meet in one mix32 per element: no full-size index array
+  # exists for XLA to hoist out of a scanned stack and read back from memory, and a third of the integer work.
+  col_C = mix32(jnp.arange(cols, dtype=jnp.uint32) ^ seeds[0])
+  row_R = mix32(jnp.arange(rows, dtype=jnp.uint32) ^ seeds[1])
+  bits = mix32(col_C[None, :] ^ row_R[:, None])
   threshold = np.uint64(round(2 ** 32 * (1.0 - rate)))
   keep = bits < jnp.uint32(threshold) if threshold < 2 ** 32 else jnp.ones(bits.shape, bool)
   return keep.reshape(shape)

@@ -13,8 +13,11 @@ Masks are static (numpy, True = may attend) or None; a causal square mask is com
 read per tile as int8. Lengths are padded to the block sizes and head sizes to a power of two, both internally.
 """
 
+import contextlib
+import contextvars
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +26,31 @@ from jax.experimental import pallas as pl
 
 from hourglass_jax.ops.dropout import mix32
 
-BLOCK_Q, BLOCK_K, BLOCK_BWD = 64, 64, 32  # untuned: the device battery times them
+
+
+class Blocks(NamedTuple):
+  """Tile sizes of the three kernels (forward: queries x keys; dK/dV: the queries stepped through per key block;
+  dQ: the keys stepped through per query block) and Triton's warps and pipeline stages."""
+  q: int
+  k: int
+  dkv_q: int
+  dkv_k: int
+  dq_q: int
+  dq_k: int
+  warps: int = 4
+  fwd_stages: int = 2
+  bwd_stages: int = 2
+
+
+# Per GPU generation (compute capability major), from the public Triton flash-attention kernels. Ampere: JAX's
+# Pallas GPU flash attention (jax/experimental/pallas/ops/gpu/attention.py, BlockSizes.get_default: forward 128 x
+# 128, backward 32 x 32, 4 warps at head size <= 64, 2 stages). Hopper: that forward, and the backward of Triton's
+# fused-attention tutorial (python/tutorials/06-fused-attention.py: dK/dV for 128 keys in steps of 32 queries, dQ
+# for 128 queries in steps of 32 keys, 4 warps, 5 stages). Others (and the interpreter): the first, untuned setting.
+BLOCKS = {8: Blocks(128, 128, 32, 32, 32, 32), 9: Blocks(128, 128, 32, 128, 128, 32, bwd_stages=5)}
+DEFAULT_BLOCKS = Blocks(64, 64, 32, 32, 32, 32)
 MIN_BLOCK = 16  # Triton's smallest dot
+MAX_PADDING = 1 / 8  # a block this much larger than the padded length it tiles is halved (down to 64)
 _MASKED = -0.7 * float(np.finfo(np.float32).max)
 _LOG2E = math.log2(math.e)
 
@@ -35,8 +61,37 @@ def is_causal(mask_TxS) -> bool:
           and bool(np.array_equal(mask_TxS, np.tril(np.ones(mask_TxS.shape, bool)))))
 
 
+_CHOSEN = contextvars.ContextVar("flash_blocks", default=None)
+
+
+@contextlib.contextmanager
+def use_blocks(blocks: Blocks):
+  """Traces in this context (this thread) tile with `blocks` instead of `device_blocks()`'s row, e.g. to compile for
+  a GPU that is described, not attached, or to time another setting."""
+  token = _CHOSEN.set(blocks)
+  try:
+    yield
+  finally:
+    _CHOSEN.reset(token)
+
+
+def device_blocks() -> Blocks:
+  """`use_blocks`' setting, else `BLOCKS`' row for the first device's compute capability (`DEFAULT_BLOCKS` off a
+  GPU or for another generation)."""
+  if _CHOSEN.get() is not None:
+    return _CHOSEN.get()
+  device = jax.devices()[0]
+  capability = str(getattr(device, "compute_capability", "")) if device.platform == "gpu" else ""
+  major = capability.split(".")[0]
+  return BLOCKS.get(int(major), DEFAULT_BLOCKS) if major.isdigit() else DEFAULT_BLOCKS
+
+
 def _block(size: int, n: int) -> int:
-  return max(MIN_BLOCK, min(size, pl.next_power_of_2(n)))
+  """`size`, at most n's power of two, halved while padding n to it would waste more than MAX_PADDING of n."""
+  size = max(MIN_BLOCK, min(size, pl.next_power_of_2(n)))
+  while size > 64 and -n % size > n * MAX_PADDING:
+    size //= 2
+  return size
 
 
 def _ranges(mask, rows: int, cols: int, along_rows: bool):
@@ -55,15 +110,16 @@ def _ranges(mask, rows: int, cols: int, along_rows: bool):
 class _Spec:
   """The static facts of one call: sizes, blocks, padded mask, tile ranges."""
 
-  def __init__(self, q_shape, s: int, mask_TxS, rate: float, block_q: int, block_k: int, block_bwd: int,
-               heads_total: int):
+  def __init__(self, q_shape, s: int, mask_TxS, rate: float, blocks: Blocks, heads_total: int):
     self.b, self.t, self.n, self.h = q_shape
     self.heads_total = heads_total  # of the whole array, when this call sees one shard of it
     self.s, self.rate = s, rate
     self.hp = max(MIN_BLOCK, pl.next_power_of_2(self.h))
-    self.bq, self.bk = _block(block_q, self.t), _block(block_k, s)
-    self.bb_q, self.bb_k = _block(block_bwd, self.t), _block(block_bwd, s)
-    step_t, step_s = max(self.bq, self.bb_q), max(self.bk, self.bb_k)
+    self.warps, self.fwd_stages, self.bwd_stages = blocks.warps, blocks.fwd_stages, blocks.bwd_stages
+    self.bq, self.bk = _block(blocks.q, self.t), _block(blocks.k, s)
+    self.dkv_q, self.dkv_k = _block(blocks.dkv_q, self.t), _block(blocks.dkv_k, s)
+    self.dq_q, self.dq_k = _block(blocks.dq_q, self.t), _block(blocks.dq_k, s)
+    step_t, step_s = max(self.bq, self.dkv_q, self.dq_q), max(self.bk, self.dkv_k, self.dq_k)
     self.tp, self.sp = -(-self.t // step_t) * step_t, -(-s // step_s) * step_s
     self.causal = is_causal(mask_TxS)
     full = np.zeros((self.tp, self.sp), bool)
@@ -76,8 +132,8 @@ class _Spec:
     self.tiled = not self.causal and not full.all()
     self.mask = full.astype(np.int8) if self.tiled else None
     self.fwd = _ranges(full, self.bq, self.bk, along_rows=True)
-    self.dq = _ranges(full, self.bb_q, self.bb_k, along_rows=True)
-    self.dkv = _ranges(full, self.bb_q, self.bb_k, along_rows=False)
+    self.dq = _ranges(full, self.dq_q, self.dq_k, along_rows=True)
+    self.dkv = _ranges(full, self.dkv_q, self.dkv_k, along_rows=False)
     self.scale = self.h ** -0.5
     self.threshold = np.uint32(min(round(2 ** 32 * (1.0 - rate)), 2 ** 32 - 1))
 
@@ -98,9 +154,10 @@ def _keep(spec: _Spec, seeds_ref, b, n, q0, k0, rows: int, cols: int):
   b_global = b.astype(jnp.uint32) + seeds_ref[2]
   n_global = n.astype(jnp.uint32) + seeds_ref[3]
   row0 = (b_global * jnp.uint32(spec.heads_total) + n_global) * jnp.uint32(spec.t) + q0.astype(jnp.uint32)
-  row = row0 + jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 0)
-  col = k0.astype(jnp.uint32) + jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 1)
-  return mix32(mix32(col ^ seeds_ref[0]) ^ mix32(row ^ seeds_ref[1])) < spec.threshold
+  # Rows and columns hashed as [rows, 1] and [1, cols] vectors: one mix32 per element of the tile, not three.
+  row = mix32((row0 + jax.lax.broadcasted_iota(jnp.uint32, (rows, 1), 0)) ^ seeds_ref[1])
+  col = mix32((k0.astype(jnp.uint32) + jax.lax.broadcasted_iota(jnp.uint32, (1, cols), 1)) ^ seeds_ref[0])
+  return mix32(col ^ row) < spec.threshold
 
 
 def _dot(a, b, trans_a=False, trans_b=False):
@@ -152,7 +209,7 @@ def _forward_kernel(seeds_ref, lo_ref, hi_ref, mask_ref, q_ref, k_ref, v_ref, o_
 def _dkv_kernel(seeds_ref, lo_ref, hi_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref,
                 dv_ref, *, spec: _Spec):
   b, n, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  bq, bk = spec.bb_q, spec.bb_k
+  bq, bk = spec.dkv_q, spec.dkv_k
   k0 = j * bk
   k, v = k_ref[...], v_ref[...]
 
@@ -180,7 +237,7 @@ def _dkv_kernel(seeds_ref, lo_ref, hi_ref, mask_ref, q_ref, k_ref, v_ref, do_ref
 def _dq_kernel(seeds_ref, lo_ref, hi_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
                spec: _Spec):
   i, b, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  bq, bk = spec.bb_q, spec.bb_k
+  bq, bk = spec.dq_q, spec.dq_k
   q0 = i * bq
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
 
@@ -198,7 +255,7 @@ def _dq_kernel(seeds_ref, lo_ref, hi_ref, mask_ref, q_ref, k_ref, v_ref, do_ref,
   dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _call(kernel, spec: _Spec, grid, in_specs, out_specs, out_shape, ranges, interpret, name, *args):
+def _call(kernel, spec: _Spec, grid, in_specs, out_specs, out_shape, ranges, interpret, name, stages, *args):
   """pallas_call with the shared leading inputs (seeds, tile ranges, int8 mask) prepended."""
   from jax.experimental.pallas import triton as plgpu
 
@@ -210,7 +267,7 @@ def _call(kernel, spec: _Spec, grid, in_specs, out_specs, out_shape, ranges, int
   return pl.pallas_call(
       functools.partial(kernel, spec=spec), grid=grid, in_specs=lead + in_specs, out_specs=out_specs,
       out_shape=out_shape, interpret=interpret, name=name,
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+      compiler_params=plgpu.CompilerParams(num_warps=spec.warps, num_stages=stages),
   )(seeds, lo, hi, mask, *args[1:])
 
 
@@ -228,26 +285,26 @@ def _forward(spec: _Spec, interpret: bool, q, k, v, seeds):
       [_rows(spec.bq, spec.hp, lambda i, b, n: (b, i, n, 0)),
        pl.BlockSpec((None, None, spec.bq), lambda i, b, n: (b, n, i))],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((spec.b, spec.n, spec.tp), jnp.float32)],
-      spec.fwd, interpret, "flash_dropout_forward", seeds, q, k, v)
+      spec.fwd, interpret, "flash_dropout_forward", spec.fwd_stages, seeds, q, k, v)
 
 
 def _backward(spec: _Spec, interpret: bool, q, k, v, seeds, out, lse, d_out):
   delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), d_out.astype(jnp.float32))
   whole_q, whole_k = (_rows(n, spec.hp, lambda b, h, j: (b, 0, h, 0)) for n in (spec.tp, spec.sp))
   whole_t = pl.BlockSpec((None, None, spec.tp), lambda b, h, j: (b, h, 0))
-  k_block = _rows(spec.bb_k, spec.hp, lambda b, h, j: (b, j, h, 0))
+  k_block = _rows(spec.dkv_k, spec.hp, lambda b, h, j: (b, j, h, 0))
   dk, dv = _call(
-      _dkv_kernel, spec, (spec.b, spec.n, spec.sp // spec.bb_k),
+      _dkv_kernel, spec, (spec.b, spec.n, spec.sp // spec.dkv_k),
       [whole_q, k_block, k_block, whole_q, whole_t, whole_t], [k_block, k_block],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      spec.dkv, interpret, "flash_dropout_dkv", seeds, q, k, v, d_out, lse, delta)
-  q_block = _rows(spec.bb_q, spec.hp, lambda i, b, h: (b, i, h, 0))
+      spec.dkv, interpret, "flash_dropout_dkv", spec.bwd_stages, seeds, q, k, v, d_out, lse, delta)
+  q_block = _rows(spec.dq_q, spec.hp, lambda i, b, h: (b, i, h, 0))
   whole_k = _rows(spec.sp, spec.hp, lambda i, b, h: (b, 0, h, 0))
-  t_block = pl.BlockSpec((None, None, spec.bb_q), lambda i, b, h: (b, h, i))
+  t_block = pl.BlockSpec((None, None, spec.dq_q), lambda i, b, h: (b, h, i))
   dq = _call(
-      _dq_kernel, spec, (spec.tp // spec.bb_q, spec.b, spec.n),
+      _dq_kernel, spec, (spec.tp // spec.dq_q, spec.b, spec.n),
       [q_block, whole_k, whole_k, q_block, t_block, t_block], q_block,
-      jax.ShapeDtypeStruct(q.shape, q.dtype), spec.dq, interpret, "flash_dropout_dq",
+      jax.ShapeDtypeStruct(q.shape, q.dtype), spec.dq, interpret, "flash_dropout_dq", spec.bwd_stages,
       seeds, q, k, v, d_out, lse, delta)
   return dq, dk, dv
 
@@ -270,11 +327,14 @@ def _attention_fn(spec: _Spec, interpret: bool):
 
 
 def flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, dropout_rate: float = 0.0,
-                    dropout_rng=None, interpret: bool = False, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-                    block_bwd: int = BLOCK_BWD, shard=None):
+                    dropout_rng=None, interpret: bool = False, blocks: Blocks | None = None,
+                    block_q: int | None = None, block_k: int | None = None, block_bwd: int | None = None,
+                    shard=None):
   """Attention (shapes as ops/attention.py; `mask_TxS` a numpy mask or None, no bias) with probability dropout
   drawn as reference_attention(dropout_rng=...) draws it. Differentiable (custom VJP, masks recomputed).
 
+  `blocks`: tile sizes and Triton settings (default: `device_blocks()`, the row of `BLOCKS` for this GPU);
+  `block_q`, `block_k` and `block_bwd` (all four backward sizes) override single fields.
   `shard`: (first batch row, first head, batch, heads) of the whole array when q, k and v are one device's shard
   of it (inside jax.shard_map; the offsets may be traced), so every shard draws its part of the whole array's
   mask rather than the same pattern."""
@@ -290,8 +350,10 @@ def flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, dropout_r
     raise ValueError(f"flash_attention dropout: {b_total} x {n_total} x {t} query rows exceed the hash's 2^32 "
                      "counters.")
   key = None if mask_TxS is None else np.asarray(mask_TxS, bool)
-  spec = _cached_spec((b, t, n, h), s, None if key is None else (key.shape, key.tobytes()), rate, block_q, block_k,
-                      block_bwd, n_total)
+  blocks = blocks or device_blocks()
+  override = dict(q=block_q, k=block_k, **dict.fromkeys(("dkv_q", "dkv_k", "dq_q", "dq_k"), block_bwd))
+  blocks = blocks._replace(**{field: size for field, size in override.items() if size})
+  spec = _cached_spec((b, t, n, h), s, None if key is None else (key.shape, key.tobytes()), rate, blocks, n_total)
   seeds = jax.random.bits(dropout_rng, (2,), jnp.uint32) if rate else jnp.zeros((2,), jnp.uint32)
   # [s0, s1, first batch row, first head]; four words, a power of two as Triton's blocks need
   seeds = jnp.concatenate([seeds, jnp.asarray([b_offset, n_offset], jnp.uint32)])
@@ -302,6 +364,6 @@ def flash_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, *, dropout_r
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_spec(q_shape, s, mask_key, rate, block_q, block_k, block_bwd, heads_total) -> _Spec:
+def _cached_spec(q_shape, s, mask_key, rate, blocks, heads_total) -> _Spec:
   mask = None if mask_key is None else np.frombuffer(mask_key[1], bool).reshape(mask_key[0])
-  return _Spec(q_shape, s, mask, rate, block_q, block_k, block_bwd, heads_total)
+  return _Spec(q_shape, s, mask, rate, blocks, heads_total)
