@@ -1,7 +1,8 @@
-"""Incremental decoding: prefill + cached steps equal the full forward pass for every kind and option; sampling;
-errors. The parity grid covers every combination of options; a sample of it in which each option runs once is
-unmarked, the rest is marked slow (`make test` and CI run it all, `make test-fast` the sample). Each case prefills
-one prompt length besides 0; HOURGLASS_FULL_DECODE_TESTS=1 takes every length (1, 5, 7 and a multiple)."""
+"""Incremental decoding: prefill + cached steps, and K-token extensions, equal the full forward pass for every kind
+and option; sampling; errors. The parity grid covers every combination of options; a sample of it in which each
+option runs once is unmarked, the rest is marked slow (`make test` and CI run it all, `make test-fast` the sample).
+Each case prefills one prompt length besides 0 and extends by one K of 1, 2, 3, 5, 8 (by case);
+HOURGLASS_FULL_DECODE_TESTS=1 takes every length (1, 5, 7 and a multiple) and every K."""
 
 import functools
 import itertools
@@ -15,7 +16,7 @@ import pytest
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
-from hourglass_jax.model.decode.sampling import filter_logits, sample_logits
+from hourglass_jax.model.decode.filters import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, WHITESPACE_BYTES
 from tests.helpers import SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, option_grid, small_config
 
@@ -31,6 +32,38 @@ VOCAB = SMALL["vocab_size"]
 # NumPy, so that slicing it does not compile a JAX op per slice.
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, size=(BATCH, LENGTH)).astype(np.int32)
 
+
+
+EXTEND_SIZES = (1, 2, 3, 5, 8)
+
+
+def extend_sizes(case: int = 0) -> tuple[int, ...]:
+  return EXTEND_SIZES if FULL else (EXTEND_SIZES[case % len(EXTEND_SIZES)],)
+
+
+def extension_schedule(num: int, start: int, seed: int = 0):
+  """What a speculative decoder feeds, row by row (int32 arrays [I, BATCH] and [I, BATCH, num]): from position
+  `start` each row feeds `num` tokens of which its first `kept` (1..num, at random) are TOKENS' own and the rest
+  other tokens (proposals a verifier rejects), then goes on from its first rejected one (rows at their own
+  positions); a row near the end goes back to LENGTH - num and feeds TOKENS' tokens again. Runs until every row has
+  fed all of TOKENS from `start`; returns (positions, tokens, kept)."""
+  rng = np.random.default_rng(seed + num)
+  position_B = np.full(BATCH, min(start, LENGTH - num))
+  covered_B = np.full(BATCH, start)  # the first position whose logits no extension has checked yet
+  positions, tokens, kept = [], [], []
+  while (covered_B < LENGTH).any():
+    kept_B = rng.integers(1, num + 1, size=BATCH)
+    tokens_BxK = rng.integers(0, VOCAB, size=(BATCH, num))
+    for b in range(BATCH):
+      real = max(kept_B[b], covered_B[b] - position_B[b])  # re-fed positions are TOKENS' own
+      kept_B[b] = real = min(real, num)
+      tokens_BxK[b, :real] = TOKENS[b, position_B[b]:position_B[b] + real]
+    positions.append(position_B.copy())
+    tokens.append(tokens_BxK)
+    kept.append(kept_B)
+    covered_B = np.maximum(covered_B, position_B + kept_B)
+    position_B = np.minimum(position_B + kept_B, LENGTH - num)
+  return np.array(positions, np.int32), np.array(tokens, np.int32), np.array(kept)
 
 
 def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
@@ -81,16 +114,32 @@ LIVE_PROGRAMS = 4
 
 
 @functools.lru_cache(maxsize=LIVE_PROGRAMS)
-def reference_program(cfg, prompts: tuple[int, ...]):
-  """(full forward logits, empty cache, prefills of tokens[:, :P] for P in prompts) as one compiled program: XLA's
-  compile time dominates these tests, and it grows less than the number of programs."""
+def reference_program(cfg, prompts: tuple[int, ...], sizes: tuple[int, ...] = ()):
+  """(full forward logits, empty cache, prefills of tokens[:, :P] for P in prompts, the logits of each
+  `extension_schedule` of `sizes` fed from the first prefill) as one compiled program: XLA's compile time dominates
+  these tests, and it grows less than the number of programs."""
   model = build_model(cfg)
 
-  def run(params, tokens_BxL):
+  def extended(params, cache, schedule):
+    step = lambda cache, fed: decode.extend(params, cfg, cache, fed[1], fed[0])
+    return jax.lax.scan(step, cache, schedule)[1]
+
+  def run(params, tokens_BxL, schedules):
     prefills = [decode.prefill(params, cfg, tokens_BxL[:, :length], LENGTH) for length in prompts]
-    return model.apply({"params": params}, tokens_BxL), decode.init_cache(cfg, BATCH, LENGTH, params), prefills
+    extensions = [extended(params, prefills[0][0], schedule) for schedule in schedules]
+    return (model.apply({"params": params}, tokens_BxL), decode.init_cache(cfg, BATCH, LENGTH, params), prefills,
+            extensions)
 
   return jax.jit(run)
+
+
+def schedules(prompts, sizes):
+  return [extension_schedule(num, prompts[0]) for num in sizes]
+
+
+def run_reference(cfg, params, prompts, sizes=()):
+  """`reference_program`'s outputs for TOKENS, with the schedules of `sizes`."""
+  return reference_program(cfg, prompts, sizes)(params, TOKENS, [s[:2] for s in schedules(prompts, sizes)])
 
 
 @functools.lru_cache(maxsize=LIVE_PROGRAMS)
@@ -117,15 +166,26 @@ def describe(cfg):
 
 
 def assert_decoding_matches_forward(cfg, case: int = 0):
+  """Prefill + steps from every prompt, and every extension schedule from the first, give the forward's logits."""
   _, params = model_and_params(cfg)
-  prompts = prompt_lengths(cfg, case)
-  full_BxLxV, empty, prefills = reference_program(cfg, prompts)(params, TOKENS)
+  prompts, sizes = prompt_lengths(cfg, case), extend_sizes(case)
+  full_BxLxV, empty, prefills, extensions = run_reference(cfg, params, prompts, sizes)
   full_BxLxV = np.asarray(full_BxLxV)
   runs = [(0, empty, None)] + [(length, *prefilled) for length, prefilled in zip(prompts, prefills)]
   for prompt_len, cache, first_logits_BxV in runs:
     logits = decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len)
     np.testing.assert_allclose(logits, full_BxLxV[:, max(prompt_len - 1, 0):], atol=1e-4, rtol=0,
                                err_msg=f"{describe(cfg)} prompt {prompt_len}")
+  for num, (positions, _, kept), logits_IxBxKxV in zip(sizes, schedules(prompts, sizes), extensions):
+    assert_extension_matches(full_BxLxV, positions, kept, np.asarray(logits_IxBxKxV), f"{describe(cfg)} K={num}")
+
+
+def assert_extension_matches(full_BxLxV, positions_IxB, kept_IxB, logits_IxBxKxV, what: str):
+  """Each extension's logits at the tokens each row kept equal the forward pass's at those positions."""
+  for i, b in itertools.product(range(len(positions_IxB)), range(BATCH)):
+    at = positions_IxB[i, b]
+    np.testing.assert_allclose(logits_IxBxKxV[i, b, :kept_IxB[i, b]], full_BxLxV[b, at:at + kept_IxB[i, b]],
+                               atol=1e-4, rtol=0, err_msg=f"{what}, extension {i}, row {b} at {at}")
 
 
 def slow_unless(sampled: bool):
@@ -298,7 +358,7 @@ def test_multiscale_decoding_matches_forward(case):
   assert_decoding_matches_forward(cfg, case)
   _, params = model_and_params(cfg)
   prompts = prompt_lengths(cfg, case)
-  _, _, prefills = reference_program(cfg, prompts)(params, TOKENS)
+  _, _, prefills, _ = run_reference(cfg, params, prompts, extend_sizes(case))
   cache, logits_BxV = prefills[0]
   tokens = TOKENS.copy()
   for t in range(prompts[0], LENGTH):
@@ -348,10 +408,11 @@ GEN_CFG = small_config(hierarchy=SINGLE_LEVEL, shorten="linear", upsample="linea
 
 def greedy_by_full_forward(cfg, case, params, prompt_len):
   """Greedy continuation of TOKENS[:, :prompt_len] to LENGTH by one full forward per token."""
-  forward = reference_program(cfg, prompt_lengths(cfg, case))
+  prompts, sizes = prompt_lengths(cfg, case), extend_sizes(case)
+  forward = reference_program(cfg, prompts, sizes)  # later tokens cannot affect position t
   tokens = TOKENS.copy()
   for t in range(prompt_len - 1, LENGTH - 1):
-    logits_BxLxV = np.asarray(forward(params, tokens)[0])  # later tokens cannot affect position t
+    logits_BxLxV = np.asarray(forward(params, tokens, [s[:2] for s in schedules(prompts, sizes)])[0])
     tokens[:, t + 1] = np.argmax(logits_BxLxV[:, t], axis=-1)
   return tokens[:, prompt_len:]
 

@@ -8,6 +8,7 @@ import pytest
 
 from hourglass_jax import generation, sharding
 from hourglass_jax.model import HourglassLM, ModelConfig, build_model
+from hourglass_jax.model import decode
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.cli.sample import SampleOptions, sample
 from hourglass_jax.testing import random_variables
@@ -134,8 +135,8 @@ def test_generate_sizes_its_cache_to_fit_retina_windows():
   now reaches into it, and greedy decoding still follows the full forward pass."""
   cfg = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64, kind="retina", hierarchy="1@1",
                     scales="16,4,1", heads_per_scale="1,1,2", retina_windows="0:8,8:64,64:128")
-  assert sampling.cache_length(cfg, 6) == 65 and sampling.cache_length(cfg, 100) == 100
-  assert sampling.cache_length(ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64), 6) == 6
+  assert decode.max_len_for(cfg, 6) == 65 and decode.max_len_for(cfg, 100) == 100
+  assert decode.max_len_for(ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64), 6) == 6
   model = build_model(cfg)
   params = random_variables(model, np.zeros((1, 128), np.int32))["params"]
   prompt = np.asarray([[3, 1, 4], [1, 5, 9]], np.int32)

@@ -11,7 +11,7 @@ import pytest
 
 from hourglass_jax import compile_cache, paths
 from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.model.decode import sampling
+from hourglass_jax.model.decode import filters, sampling
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
 from tests.helpers import small_config
 
@@ -86,7 +86,7 @@ def test_generate_refuses_what_the_cli_refuses(settings, message):
 
 def test_top_k_filter_refuses_a_negative_k():
   with pytest.raises(ValueError, match="top_k=-5"):
-    sampling.top_k_filter(jnp.zeros((1, 4)), -5)
+    filters.top_k_filter(jnp.zeros((1, 4)), -5)
 
 
 @pytest.mark.parametrize("field, value", [("segment_capacity", math.inf), ("segment_capacity", math.nan),

@@ -1,94 +1,31 @@
-"""Sampling: pure temperature / top-k / top-p (nucleus) filters and draws, and `generate`, the cached decode loop."""
+"""`generate`: sampling with the cache, one jit-compiled decode loop, plain or speculative (speculative.py); the
+filters (temperature, top-k, top-p) are in filters.py."""
 
 import functools
-import math
 import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from hourglass_jax.model.checks import check_tokens
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.decode.steps import decode_step, prefill, unbox_params
+from hourglass_jax.model.decode import speculative
+from hourglass_jax.model.decode.drafts import DRAFTS, Draft
+from hourglass_jax.model.decode.filters import check_sampling, sample_logits
+from hourglass_jax.model.decode.steps import check_cache_fits, decode_step, max_len_for, prefill, unbox_params
 
-
-def check_sampling(temperature, top_k, top_p) -> None:
-  """Raises ValueError naming the first setting out of range (what hourglass-sample refuses too)."""
-  if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:
-    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy).")
-  if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
-    raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0 = all tokens).")
-  if not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0:
-    raise ValueError(f"top_p={top_p!r} must be in (0, 1] (1 = all tokens).")
-
-
-def apply_temperature(logits_BxV, temperature: float):
-  """Logits divided by `temperature` (> 0)."""
-  if not temperature > 0 or not math.isfinite(temperature):
-    raise ValueError(f"temperature={temperature!r} must be finite and > 0 here; temperature 0 means greedy (argmax).")
-  return logits_BxV.astype(jnp.float32) / temperature
-
-
-def top_k_filter(logits_BxV, top_k: int):
-  """Keeps the `top_k` largest logits of each row (ties with the k-th are kept too); the rest become -inf.
-
-  top_k 0 or >= vocab keeps everything; a negative top_k raises ValueError.
-  """
-  if top_k < 0:
-    raise ValueError(f"top_k={top_k!r} must be >= 0 (0 = all tokens).")
-  if top_k == 0 or top_k >= logits_BxV.shape[-1]:
-    return logits_BxV
-  kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][..., -1:]
-  return jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
-
-
-def top_p_filter(logits_BxV, top_p: float):
-  """Nucleus filtering: keeps the smallest set of most likely tokens whose probability mass reaches `top_p`.
-
-  A token is kept when the mass of the tokens more likely than it is < top_p (the most likely token always is).
-  top_p >= 1 keeps everything.
-  """
-  if not 0.0 < top_p <= 1.0:
-    raise ValueError(f"top_p={top_p!r} must be in (0, 1].")
-  if top_p >= 1.0:
-    return logits_BxV
-  sorted_BxV = jnp.sort(logits_BxV, axis=-1)[..., ::-1]
-  probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
-  before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
-  keep_BxV = before_BxV < top_p
-  threshold_Bx1 = jnp.min(jnp.where(keep_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
-  return jnp.where(logits_BxV < threshold_Bx1, -jnp.inf, logits_BxV)
-
-
-def filter_logits(logits_BxV, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
-  """Temperature, then top-k, then top-p; returns float32 logits with filtered-out entries at -inf."""
-  logits_BxV = apply_temperature(logits_BxV, temperature)
-  return top_p_filter(top_k_filter(logits_BxV, top_k), top_p)
-
-
-def sample_logits(rng, logits_BxV, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
-  """One token per row [B] (int32): argmax when temperature == 0, else a draw from the filtered distribution."""
-  if temperature == 0:
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-  filtered_BxV = filter_logits(logits_BxV, temperature=temperature, top_k=top_k, top_p=top_p)
-  return jax.random.categorical(rng, filtered_BxV, axis=-1).astype(jnp.int32)
-
-
-def cache_length(cfg: ModelConfig, needed: int) -> int:
-  """The max_len `generate` gives its cache for `needed` positions: `needed`, raised for a retina model whose
-  widest window starts at or beyond it (the heads of such a window would never see a token, which init_cache
-  refuses; the positions past `needed` are never fed)."""
-  if cfg.kind == "retina":
-    needed = max([needed] + [start + 1 for start, _ in cfg.parsed_scales.windows])
-  return needed
+MAX_DRAFT_TOKENS = 64  # proposals per pass: beyond a few dozen bytes almost none are kept
+FALLBACK_BELOW = 1.3  # tokens per target pass under which speculation stops (BENCHMARKS.md: what a pass costs)
+FALLBACK_WARMUP = 8  # passes before that is judged
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p"))
 def _generate(params, prompt_BxP, rng, end_token, cfg, max_new_tokens, temperature, top_k, top_p):
   """`end_token` < 0: no end token. Traced, so stopping rules share one compiled program."""
   batch, length = prompt_BxP.shape
-  cache, logits_BxV = prefill(params, cfg, prompt_BxP, cache_length(cfg, length + max_new_tokens - 1))
+  cache, logits_BxV = prefill(params, cfg, prompt_BxP, max_len_for(cfg, length + max_new_tokens - 1))
   tables = cache["tables"]
   sample = lambda key, logits: sample_logits(key, logits, temperature=temperature, top_k=top_k, top_p=top_p)
   fill = jnp.maximum(end_token, 0)
@@ -115,28 +52,83 @@ def _generate(params, prompt_BxP, rng, end_token, cfg, max_new_tokens, temperatu
   return jnp.where(bad_Bx1, -1, out_BxN)
 
 
+def _seed_key(rng):
+  """A PRNG key from `rng` (a key, or an integer seed in [0, 2**63))."""
+  if isinstance(rng, jax.Array) and (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) or rng.dtype == jnp.uint32):
+    return rng
+  if isinstance(rng, numbers.Integral) and not isinstance(rng, bool) and 0 <= rng < 2 ** 63:
+    return jax.random.key(int(rng))
+  raise ValueError(f"rng={rng!r} must be a PRNG key (e.g. jax.random.key(0)) or an integer seed in [0, 2**63).")
+
+
+def _count(name: str, value, low: int, high: int) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+    raise ValueError(f"{name}={value!r} must be an integer in [{low}, {high}].")
+  return int(value)
+
+
+def _draft(draft, draft_params, cfg: ModelConfig) -> Draft | None:
+  """The Draft that `draft` names (None, a registered name such as 'ngram', or a Draft), checked against cfg."""
+  if draft is None:
+    return None
+  if isinstance(draft, str):
+    if draft not in DRAFTS or draft == "model":
+      raise ValueError(f"draft={draft!r} is not a draft name; use one of {', '.join(n for n in DRAFTS if n != 'model')}"
+                       ", or drafts.Model(cfg) with draft_params for a draft model.")
+    draft = DRAFTS[draft]()
+  if not isinstance(draft, Draft):
+    raise ValueError(f"draft={draft!r} must be None, a draft name ('ngram') or a drafts.Draft (drafts.Model(cfg)).")
+  draft.check(cfg, draft_params)
+  return draft
+
+
 def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, end_token: int | None = None):
+             top_k: int = 0, top_p: float = 1.0, end_token: int | None = None, draft=None, draft_params=None,
+             draft_tokens: int = 4, fallback_below: float = FALLBACK_BELOW, return_stats: bool = False):
   """Samples `max_new_tokens` tokens after each prompt row with the cache; returns them, int32 [B, max_new_tokens].
 
-  One jit-compiled program: a parallel prefill, then a lax.while_loop of decode steps that stops once every row
-  has produced `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`. The cache
-  holds `cache_length(cfg, P + max_new_tokens - 1)` positions.
+  One jit-compiled program: a parallel prefill, then a lax.while_loop that stops once every row has produced
+  `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`. The cache holds
+  `decode.max_len_for(cfg, P + max_new_tokens - 1)` positions (plus draft_tokens + 1 when speculating).
   temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; a temperature that is negative or not finite,
-  a negative top_k or a top_p outside (0, 1] raises ValueError (`check_sampling`). `rng` is a PRNG key or an int seed;
-  the prompt needs >= 1 token (no BOS convention). A prompt id outside [0, vocab) raises ValueError; when the
+  a negative top_k or a top_p outside (0, 1] raises ValueError (`check_sampling`). `rng` is a PRNG key or an integer
+  seed; the prompt needs >= 1 token (no BOS convention). A prompt id outside [0, vocab) raises ValueError; when the
   prompt is traced (generate under your own jit), that row comes back as -1 everywhere.
+
+  Speculative decoding (speculative.py): `draft` 'ngram' (prompt lookup) or `drafts.Model(draft_cfg)` with its
+  `draft_params` proposes `draft_tokens` tokens per pass, which the model checks in one pass; the output follows
+  this model's distribution exactly (greedy: its greedy tokens). Below `fallback_below` tokens per pass (after a few
+  passes) the rest is plain decoding. `return_stats` returns (tokens, speculative.Stats) instead.
   """
+  if params is None:
+    raise ValueError("params is None; pass the model's params (from module.init, weights.load_params or a "
+                     "checkpoint).")
   prompt_BxP = jnp.asarray(check_tokens(prompt_BxP, cfg.vocab_size, "prompt"), jnp.int32)
   if prompt_BxP.shape[1] < 1:
     raise ValueError(f"generate needs prompts [batch, length >= 1], got shape {prompt_BxP.shape}: this model has "
                      "no BOS convention, so start from at least one real token (e.g. a newline byte).")
-  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1.")
+  max_new_tokens = _count("max_new_tokens", max_new_tokens, 1, 2 ** 31 - 1 - prompt_BxP.shape[1] - MAX_DRAFT_TOKENS)
   check_sampling(temperature, top_k, top_p)
-  if end_token is not None and not 0 <= end_token < cfg.vocab_size:
-    raise ValueError(f"end_token={end_token!r} is outside the vocabulary [0, {cfg.vocab_size}).")
-  rng = rng if isinstance(rng, jax.Array) else jax.random.key(int(rng))
+  if end_token is not None:
+    end_token = _count("end_token", end_token, 0, cfg.vocab_size - 1)
+  key = _seed_key(rng)
+  draft = _draft(draft, draft_params, cfg)
   end = jnp.int32(-1 if end_token is None else end_token)
-  return _generate(unbox_params(params), prompt_BxP, rng, end, cfg, max_new_tokens, float(temperature), int(top_k),
-                   float(top_p))
+  batch, length = prompt_BxP.shape
+  options = dict(cfg=cfg, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
+                 top_p=float(top_p))
+  if draft is None:
+    check_cache_fits(cfg, batch, max_len_for(cfg, length + max_new_tokens - 1), "max_new_tokens")
+    if return_stats:
+      raise ValueError("return_stats=True reports speculative decoding; pass a draft (e.g. draft='ngram').")
+    return _generate(unbox_params(params), prompt_BxP, key, end, **options)
+  draft_tokens = _count("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
+  if isinstance(fallback_below, bool) or not isinstance(fallback_below, numbers.Real) or \
+      not 0 <= fallback_below <= draft_tokens + 1:
+    raise ValueError(f"fallback_below={fallback_below!r} must be a number in [0, draft_tokens + 1 = "
+                     f"{draft_tokens + 1}] (tokens per pass; 0 never falls back).")
+  check_cache_fits(cfg, batch, max_len_for(cfg, length + max_new_tokens + draft_tokens), "max_new_tokens")
+  tokens, stats = speculative.speculate(
+      unbox_params(params), None if draft_params is None else unbox_params(draft_params), prompt_BxP, key, end,
+      draft=draft, num_draft=draft_tokens, fallback_below=float(fallback_below), warmup=FALLBACK_WARMUP, **options)
+  return (tokens, stats) if return_stats else tokens

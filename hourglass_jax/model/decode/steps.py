@@ -15,6 +15,8 @@ distance) are made once per cache, in the 'tables' collection. Sampling and `gen
 live in sampling.py, speculative decoding in speculative.py.
 """
 
+import os
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -37,12 +39,45 @@ def padded_length(cfg: ModelConfig, max_len: int) -> int:
   return -(-max_len // cfg.pad_multiple) * cfg.pad_multiple
 
 
+def max_len_for(cfg: ModelConfig, needed: int) -> int:
+  """The max_len a cache for `needed` positions gets: `needed`, raised for a retina model whose widest window
+  starts at or beyond it (the heads of such a window would never see a token, which init_cache refuses; the
+  positions past `needed` are never fed)."""
+  if cfg.kind == "retina":
+    needed = max([needed] + [start + 1 for start, _ in cfg.parsed_scales.windows])
+  return needed
+
+
+def _memory_bytes() -> tuple[int, str]:
+  """(bytes, what) a cache may take: the first device's memory limit, or the host's physical memory on a CPU."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return stats["bytes_limit"], f"{jax.devices()[0].device_kind}'s memory"
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
+
+
+def check_cache_fits(cfg: ModelConfig, batch: int, max_len: int, name: str = "max_len") -> None:
+  """Raises ValueError, naming `name` (what sets max_len) and the fix, when a cache for `batch` sequences of
+  `max_len` tokens would not fit the device (before anything is allocated or compiled)."""
+  body = build_body(cfg)
+  shapes = jax.eval_shape(lambda: body.new_cache(batch, padded_length(cfg, max_len), cfg.d_model))
+  need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
+  have, what = _memory_bytes()
+  if need > have:
+    raise ValueError(f"{name}: a decoding cache for {batch} sequences of {max_len:,} tokens needs "
+                     f"{need / 2 ** 30:,.1f} GiB, more than {what} ({have / 2 ** 30:,.1f} GiB); ask for fewer tokens "
+                     "or fewer sequences at once.")
+
+
 def _empty_cache(cfg: ModelConfig, batch: int, max_len: int):
   """The body's empty cache arrays for `batch` sequences of up to `max_len` tokens, and no tables yet."""
-  if not isinstance(max_len, int) or max_len < 1:
+  if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
     raise ValueError(f"max_len={max_len!r} must be an integer >= 1.")
+  if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+    raise ValueError(f"batch={batch!r} must be an integer >= 1.")
   if cfg.kind == "retina":
     check_windows_fit(cfg.parsed_scales, cfg.retina_windows, max_len)
+  check_cache_fits(cfg, batch, max_len)
   return {"state": build_body(cfg).new_cache(batch, padded_length(cfg, max_len), cfg.d_model), "tables": {}}
 
 
@@ -125,6 +160,12 @@ def batch_axes(cfg: ModelConfig, cache):
   size = cache_length(cache)
   one, two = (jax.eval_shape(lambda: _empty_cache(cfg, batch, size)["state"]) for batch in (1, 2))
   return jax.tree.map(lambda a, b: next(i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n), one, two)
+
+
+def row_positions(position_B):
+  """`extend`'s position for rows at position_B: the scalar of a single row (then nothing is mapped over rows, and
+  a level that may not run sits under a real cond), else position_B."""
+  return position_B[0] if position_B.shape[0] == 1 else position_B
 
 
 def extend(params, cfg: ModelConfig, cache, tokens_BxK, position):

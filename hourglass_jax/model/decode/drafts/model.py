@@ -1,0 +1,47 @@
+"""'model': a smaller hourglass_jax model with the target's vocabulary drafts with its own cache, K cached steps
+(the first of them also feeding the last two accepted tokens, which its cache may not hold yet)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.decode.drafts.base import Draft, register
+from hourglass_jax.model.decode.steps import extend, max_len_for, prefill, row_positions
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Model(Draft):
+  """A draft model: `cfg` its ModelConfig (hashable), its params passed as the draft's `params`."""
+  cfg: ModelConfig
+
+  name = "model"
+
+  def check(self, target_cfg, params) -> None:
+    if self.cfg.vocab_size != target_cfg.vocab_size:
+      raise ValueError(f"the draft model's vocab_size={self.cfg.vocab_size} differs from the target's "
+                       f"{target_cfg.vocab_size}; a draft must propose tokens of the target's vocabulary.")
+    if params is None:
+      raise ValueError("a draft model needs its params (the `draft_params` of generate).")
+
+  def start(self, params, prompt_BxP, max_len):
+    return prefill(params, self.cfg, prompt_BxP, max_len_for(self.cfg, max_len))[0]
+
+  def propose(self, params, cache, seq_BxL, length_B, key, num, pick):
+    two_Bx2 = jnp.take_along_axis(seq_BxL, length_B[:, None] - 2 + jnp.arange(2)[None], axis=1)
+    cache, logits_Bx2xV = extend(params, self.cfg, cache, two_Bx2, row_positions(length_B - 2))
+    keys = jax.random.split(key, num)
+    token_B, probs_BxV = pick(keys[0], logits_Bx2xV[:, 1])
+
+    def step(carry, key_i):
+      cache, token_B, i = carry
+      cache, logits_Bx1xV = extend(params, self.cfg, cache, token_B[:, None],
+                                   row_positions(length_B + i))
+      new_B, probs_BxV = pick(key_i, logits_Bx1xV[:, 0])
+      return (cache, new_B, i + 1), (new_B, probs_BxV)
+
+    (cache, _, _), (rest_KxB, rest_probs) = jax.lax.scan(step, (cache, token_B, jnp.int32(0)), keys[1:])
+    tokens_BxK = jnp.concatenate([token_B[:, None], rest_KxB.T], axis=1)
+    probs = None if probs_BxV is None else jnp.concatenate([probs_BxV[:, None], jnp.swapaxes(rest_probs, 0, 1)], 1)
+    return cache, tokens_BxK, probs
