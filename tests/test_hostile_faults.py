@@ -31,6 +31,24 @@ def test_a_link_as_the_lock_is_refused_in_one_line(tmp_path, target):
   assert (tmp_path / "elsewhere").read_text() == "{}"  # the link's target is left alone
 
 
+def test_the_heartbeat_never_writes_through_a_planted_link(tmp_path, monkeypatch):
+  """A link planted where a heartbeat could write its temporary file (issue 55): the file outside the workdir is
+  left alone and the lock stays a regular file holding this run's record."""
+  from hourglass_jax.train import workdir_lock
+
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_SECONDS", 3600.0)  # heartbeats driven by hand below
+  outside = tmp_path / "outside.txt"
+  outside.write_text("precious")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / f"lock.{os.getpid()}.tmp").symlink_to(outside)
+  with WorkdirLock(workdir, quiet) as lock:
+    assert lock.refresh()
+    assert not os.path.islink(workdir / "lock") and lock._is_ours(lock._holder())
+  assert outside.read_text() == "precious"
+  assert sorted(p.name for p in workdir.iterdir()) == [f"lock.{os.getpid()}.tmp"]  # the link, and no temporary
+
+
 def test_a_full_disk_while_locking_names_the_lock_and_leaves_none(tmp_path, monkeypatch):
   real_fdopen = os.fdopen
 
