@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import uuid
+import warnings
 from collections.abc import Mapping
 
 import flax.linen as nn
@@ -118,11 +119,17 @@ def read_card(path) -> dict:
   """The model card of exported weights: config.json beside them (which may be edited, e.g. its attention_impl),
   else the copy in the safetensors metadata. Raises ValueError, naming the file, when either is unreadable or
   malformed, or when the two disagree on what the weights compute."""
+  return _read_cards(path)[0]
+
+
+def _read_cards(path) -> tuple[dict, dict | None]:
+  """(read_card's card, the card inside the weights file or None)."""
   weights, card_file = _locate(path)
   try:
     with safetensors.safe_open(weights, framework="np") as f:
       embedded = (f.metadata() or {}).get(CARD_KEY)
     embedded = json.loads(embedded) if embedded else None
+    embedded = embedded if isinstance(embedded, dict) else None  # not a card this program wrote: config.json rules
   except (safetensors.SafetensorError, OSError, ValueError) as error:
     raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
                      f"damaged: {_AGAIN}.") from None
@@ -130,7 +137,7 @@ def read_card(path) -> dict:
     if embedded is None:
       raise ValueError(f"{weights} carries no model card and there is no {card_file}: write the {CARD_FILE} that "
                        "hourglass-export wrote with it beside the file.")
-    return _checked_card(embedded, weights)
+    return _checked_card(embedded, weights), embedded
   try:
     with open(card_file, encoding="utf-8") as f:
       card = json.load(f)
@@ -140,13 +147,17 @@ def read_card(path) -> dict:
                      f"{_AGAIN}.") from None
   if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
     raise ValueError(f"{card_file} holds no 'model' section; restore the {CARD_FILE} hourglass-export wrote.")
-  if embedded is not None and (differ := function_changes(embedded["model"], card["model"], "file", CARD_FILE)):
+  if embedded is not None and (differ := function_changes(embedded.get("model", {}), card["model"], "file",
+                                                          CARD_FILE)):
     raise ValueError(f"{card_file} does not match the model {weights} was exported from ({'; '.join(differ)}); "
                      "its weights would compute a different function. Restore the exported "
                      f"{CARD_FILE} (or delete it: the file's own card is then used).")
-  if embedded is not None and "checksums" not in card and "checksums" in embedded:
-    card = dict(card, checksums=embedded["checksums"])  # an edited card cannot switch the check off
-  return _checked_card(card, card_file)
+  if embedded is not None:  # an edited card can neither switch the check off nor downgrade the format
+    card = dict(card, checksums=card.get("checksums") or embedded.get("checksums"))
+    versions = [side.get("format_version", 1) for side in (card, embedded)]
+    if all(type(version) is int for version in versions):
+      card["format_version"] = max(versions)
+  return _checked_card(card, card_file), embedded
 
 
 def _first_line(error) -> str:
@@ -161,7 +172,7 @@ def _checked_card(card: dict, where) -> dict:
     raise ValueError(f"{where}: the card's seq_len={seq_len!r} must be an integer >= 1 (or null); set it to the "
                      f"training length or {_AGAIN}.")
   version = card.get("format_version", 1)
-  if not isinstance(version, int) or version > FORMAT_VERSION:
+  if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
     raise ValueError(f"{where} is format_version {version!r}, newer than this hourglass_jax reads "
                      f"({FORMAT_VERSION}); upgrade hourglass_jax.")
   checksums = card.get("checksums")
@@ -197,12 +208,17 @@ def load_params(path, **overrides):
 
   The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
   nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
-  creates and against the card's checksums (format_version 2; a version-1 export has none), ready for
-  `model.apply({'params': params}, tokens_BxL)`. Every failure is a ValueError (FileNotFoundError for a missing
-  path) naming the file and the fix.
+  creates and against the checksums of both cards (format_version 2; a version-1 export has none and loads with a
+  warning that it is unverified), ready for `model.apply({'params': params}, tokens_BxL)`. Overrides may not change
+  what the weights compute (e.g. the hierarchy's factors): as in config.json, that is refused. Every failure is a
+  ValueError (FileNotFoundError for a missing path) naming the file and the fix.
   """
   weights, _ = _locate(path)
-  card = read_card(path)
+  card, embedded = _read_cards(path)
+  if differ := function_changes(card["model"], dict(card["model"], **overrides), CARD_FILE, "keyword"):
+    raise ValueError(f"load_params({', '.join(f'{k}={v!r}' for k, v in overrides.items())}) changes what the weights "
+                     f"of {weights} compute ({'; '.join(differ)}); they were trained as their card says. Drop the "
+                     "keyword (overrides may change only settings such as attention_impl or dtype).")
   model = build_model(dict(card["model"], **overrides))
   expected = abstract_params(model, card.get("seq_len"))
   try:
@@ -213,8 +229,12 @@ def load_params(path, **overrides):
   except (safetensors.SafetensorError, OSError) as error:
     raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
                      f"damaged: {_AGAIN}.") from None
-  checksums = card.get("checksums")
-  if checksums:
+  expected_sums = [sums for sums in (card.get("checksums"), (embedded or {}).get("checksums"))
+                   if isinstance(sums, dict) and sums]
+  if not expected_sums:
+    warnings.warn(f"{weights} is a format_version 1 export: its arrays carry no checksums and are loaded unverified; "
+                  "export it again with hourglass-export to have them verified.", stacklevel=2)
+  for checksums in expected_sums:
     altered = sorted(key for key, value in stored.items() if checksums.get(key) != checksum(value))
     if altered:
       raise ValueError(f"{weights} fails its checksums: {len(altered)} array(s) differ from what was exported (e.g. "

@@ -147,3 +147,50 @@ def test_new_weights_beside_an_old_card_are_refused(exported, tmp_path):
   shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
   with pytest.raises(ValueError, match="fails its checksums.*different exports"):
     weights.load_params(folder)
+
+
+def _flip_a_byte(folder):
+  data = bytearray((folder / "model.safetensors").read_bytes())
+  data[-4:] = bytes(255 - b for b in data[-4:])
+  (folder / "model.safetensors").write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("checksums", [{}, None], ids=["empty", "null"])
+def test_a_card_downgraded_to_format_1_does_not_switch_the_checksums_off(exported, tmp_path, checksums):
+  """Issue 55: config.json edited to format_version 1 without checksums; the file's own card still holds them."""
+  folder = _copy(exported, tmp_path)
+  card = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps(dict(card, format_version=1, checksums=checksums)))
+  weights.load_params(folder)  # intact: loads
+  _flip_a_byte(folder)
+  with pytest.raises(ValueError, match="fails its checksums"):
+    weights.load_params(folder)
+
+
+def test_an_export_without_checksums_anywhere_loads_named_unverified(exported, tmp_path):
+  """A format-1 export (no checksums in either card) loads, with a warning that says it is unverified."""
+  import safetensors.numpy
+
+  _, _, params, card, _ = exported
+  folder = tmp_path / "v1"
+  folder.mkdir()
+  old = {key: value for key, value in card.items() if key != "checksums"} | {"format_version": 1}
+  safetensors.numpy.save_file(weights.flatten(params), folder / "model.safetensors",
+                              metadata={"format": "hourglass_jax", "config": json.dumps(old)})
+  (folder / "config.json").write_text(json.dumps(old))
+  with pytest.warns(UserWarning, match="format_version 1 export: its arrays carry no checksums and are loaded "
+                                       "unverified"):
+    weights.load_params(folder)
+
+
+def test_a_keyword_that_changes_the_function_is_refused_as_in_the_card(tmp_path):
+  """load_params(path, hierarchy=...) with other factors keeps every shape but not the function: refused."""
+  cfg = small_config(hierarchy="1@1 1@3 1@1", shorten="avg", upsample="repeat")
+  params = unbox_params(jax.jit(build_model(cfg).init)(jax.random.key(0), jnp.zeros((1, 3), jnp.int32)))
+  weights.save_params(params, cfg, tmp_path)
+  with pytest.raises(ValueError, match=r"load_params\(hierarchy='1@1 1@2 1@1'\) changes what the weights of .* "
+                                       r"compute \(model.hierarchy: config.json '1@1 1@3 1@1', keyword '1@1 1@2 "
+                                       r"1@1'\).*Drop the keyword"):
+    weights.load_params(tmp_path, hierarchy="1@1 1@2 1@1")
+  model, _ = weights.load_params(tmp_path, attention_impl="xla")  # a setting that keeps the function
+  assert model.cfg.attention_impl == "xla"
