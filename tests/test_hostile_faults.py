@@ -97,6 +97,62 @@ def test_ctrl_c_in_a_reading_command_is_one_line_and_exit_130(capsys):
   assert err.startswith("error: hourglass-eval interrupted (Ctrl-C)") and "\n" not in err
 
 
+@pytest.mark.parametrize("fault, expected", [
+    (KeyboardInterrupt(), r"error: hourglass-data prepare interrupted \(Ctrl-C\); nothing was lost: rerun"),
+    (RuntimeError('Failed to finalize writing of split "train": write() failed: No space left on device; writing '
+                  'x.array_record'), r"error: disk full: building text_files under .*data failed \(No space left on "
+                                     r"device\); the partial build is not kept\. Free disk space .*then rerun\."),
+], ids=["ctrl-c", "full disk"])
+def test_prepare_ends_ctrl_c_and_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, fault, expected):
+  """Issue 55: hourglass-data prepare interrupted, or out of space (array_record's RuntimeError), in one line."""
+  import sys
+  from unittest import mock
+
+  import tensorflow_datasets as tfds
+  from absl import flags
+
+  from hourglass_jax.cli import main
+
+  def fail(builder, **kwargs):
+    raise fault
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", fail)
+  (tmp_path / "corpus.txt").write_text("some text\n" * 20)
+  argv = ["hourglass-data", "prepare", "text_files", f"--manual_dir={tmp_path / 'corpus.txt'}",
+          f"--data_dir={tmp_path / 'data'}"]
+  flags.FLAGS.unparse_flags()
+  with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_:
+    main.data_entry()
+  flags.FLAGS.unparse_flags()
+  code = exit_.value.code
+  err = code if isinstance(code, str) else capsys.readouterr().err.strip()
+  assert re.fullmatch(expected + ".*", err) and "\n" not in err, err
+  assert code == 130 if isinstance(fault, KeyboardInterrupt) else isinstance(code, str)
+
+
+def test_a_dataset_prepared_by_another_run_meanwhile_is_not_reported_as_built(tmp_path, monkeypatch):
+  """Issue 55: two hourglass-data prepare of text_files on one --data_dir: the second waits for the first's build
+  lock, then finds the first one's corpus there and says so instead of "built"."""
+  from hourglass_jax.data import prepare, tfds_io
+
+  for name in ("first", "second"):
+    (tmp_path / name).mkdir()
+    for i in range(3):
+      (tmp_path / name / f"{i}.txt").write_text(f"{name} corpus, file {i}\n" * 10)
+  real_lock = tfds_io._build_lock
+
+  def the_other_run_builds_first(root, name):
+    monkeypatch.setattr(tfds_io, "_build_lock", real_lock)
+    tfds_io.prepare("text_files", str(root), str(tmp_path / "first"), progress=False, log=quiet)
+    return real_lock(root, name)
+
+  monkeypatch.setattr(tfds_io, "_build_lock", the_other_run_builds_first)
+  with pytest.raises(ValueError, match=r"text_files was prepared at .*text_files.1.0.0 by another hourglass-data run "
+                                       r"while this one waited for it: .*not necessarily --manual_dir=.*second, and "
+                                       r"nothing was built here\. Use another --data_dir, or delete"):
+    prepare.prepare_command("text_files", str(tmp_path / "data"), str(tmp_path / "second"), log=quiet)
+
+
 def test_an_archive_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
   """cifar10 / downsampled ImageNet archives whose checksum does not match: TFDS's error, as one line with the fix."""
   import tensorflow_datasets as tfds

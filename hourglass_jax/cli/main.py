@@ -188,8 +188,8 @@ def _data(argv):
   usage.quiet_logs()
   from hourglass_jax.data.prepare import prepare_command
 
-  _run(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")
-       or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value))
+  _run_reader(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")
+              or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value), "hourglass-data prepare")
 
 
 def data_entry():
