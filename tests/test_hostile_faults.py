@@ -216,6 +216,53 @@ def test_writes_abandoned_by_a_failed_save_print_nothing(tmp_path):
   assert [str(u.exc_value) for u in seen] == ["other"]
 
 
+def test_a_second_ctrl_c_during_a_save_ends_in_one_line(tmp_path, monkeypatch, capsys):
+  """Issue 55: a Ctrl-C that interrupts a save leaves Orbax's record of it (a traceback) and abandoned writes that
+  each report "Event loop is closed", hundreds of lines: both are dropped after checkpoints close on the interrupt,
+  and hourglass-train prints its one line and exits 130 at once (os._exit: no shutdown runs the abandoned writes)."""
+  import logging
+  import sys
+  import types
+
+  from absl import logging as absl_logging
+
+  from hourglass_jax.cli import main
+
+  records, seen = [], []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logger = logging.getLogger("absl")
+  logger.addHandler(handler)
+  previous, sys.unraisablehook = sys.unraisablehook, seen.append
+  try:
+    with pytest.raises(KeyboardInterrupt), Checkpoints(tmp_path / "checkpoints", log=quiet):
+      try:
+        raise KeyboardInterrupt
+      except KeyboardInterrupt:
+        absl_logging.exception("[wait_until_finished] Save Finalize thread (save_finalize) failed.")
+      raise KeyboardInterrupt
+    for error in (RuntimeError("Event loop is closed"), ValueError("other")):
+      sys.unraisablehook(types.SimpleNamespace(exc_value=error, object=None))
+  finally:
+    sys.unraisablehook = previous
+    logger.removeHandler(handler)
+  assert not records and [str(u.exc_value) for u in seen] == ["other"]
+
+  def interrupted(fn):
+    raise KeyboardInterrupt
+
+  def exit_now(code):
+    raise SystemExit(code)
+
+  monkeypatch.setattr(main, "_run", interrupted)
+  monkeypatch.setattr(os, "_exit", exit_now)
+  with pytest.raises(SystemExit) as exit_:
+    main._train()
+  err = capsys.readouterr().err.strip()
+  assert exit_.value.code == preemption.EXIT_INTERRUPTED and "\n" not in err
+  assert err.startswith("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost.")
+
+
 # Run as `python -c FULL_CHECKPOINTS ROOT ARGS...`: every Python-level write under ROOT fails with ENOSPC (Orbax
 # writes its metadata and the data position this way; TensorStore's array writes are native and unaffected),
 # then hourglass-train runs with ARGS. Stands in for a full disk where tmpfs cannot be mounted.

@@ -68,7 +68,7 @@ class Checkpoints:
     self._pending, self.failed = None, False  # the step of the last save started; whether a save ran out of space
 
   def __enter__(self):
-    logging.getLogger("absl").addFilter(self._quiet_disk_full)
+    logging.getLogger("absl").addFilter(self._quiet_reported)
     self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._quiet_abandoned_writes
     self.manager.__enter__()
     return self
@@ -83,22 +83,26 @@ class Checkpoints:
       if error_type is None:
         raise  # else the error leaving the block (a failed save's, say) is the one to report, not its echo here
     finally:
-      logging.getLogger("absl").removeFilter(self._quiet_disk_full)
-      # After a failed save, abandoned writes keep completing: the hook stays.
-      if not self.failed and sys.unraisablehook == self._quiet_abandoned_writes:
+      logging.getLogger("absl").removeFilter(self._quiet_reported)
+      # After a failed or interrupted save, abandoned writes keep completing: the hook stays.
+      interrupted = error_type is not None and issubclass(error_type, KeyboardInterrupt)
+      if not (self.failed or interrupted) and sys.unraisablehook == self._quiet_abandoned_writes:
         sys.unraisablehook = self._previous_hook
 
-  def _quiet_disk_full(self, record: logging.LogRecord) -> bool:
-    """absl's log filter while open: drops Orbax's background-thread records (a traceback each, dozens per failed
-    save) about a full disk, which `save` and `wait` report in one line naming the folder and the fix."""
+  def _quiet_reported(self, record: logging.LogRecord) -> bool:
+    """absl's log filter while open: drops Orbax's records (a traceback each, dozens per failed save) about a full
+    disk, which `save` and `wait` report in one line naming the folder and the fix, and about a Ctrl-C that
+    interrupted a save, which the command reports in one line."""
     error = record.exc_info[1] if record.exc_info else None
-    return not (is_disk_full(error) or "No space left on device" in record.getMessage())
+    return not (is_disk_full(error) or isinstance(error, KeyboardInterrupt)
+                or "No space left on device" in record.getMessage())
 
   def _quiet_abandoned_writes(self, unraisable) -> None:
-    """`sys.unraisablehook` while open: drops the "Event loop is closed" RuntimeErrors of a failed async save (the
-    first write that fails ends Orbax's event loop while its sibling TensorStore writes are in flight, and each of
-    those, when it completes, fails to reach the closed loop and is printed as a traceback: dozens per save). The
-    failure itself is reported by `save` and `wait`; anything else goes to the previous hook."""
+    """`sys.unraisablehook` while open: drops the "Event loop is closed" RuntimeErrors of a failed or interrupted
+    async save (the first write that fails, or a Ctrl-C, ends Orbax's event loop while its sibling TensorStore writes
+    are in flight, and each of those, when it completes, fails to reach the closed loop and is printed as a
+    traceback: dozens per save). The failure itself is reported by `save` and `wait`, a Ctrl-C by the command;
+    anything else goes to the previous hook."""
     error = unraisable.exc_value
     if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
       self._previous_hook(unraisable)
