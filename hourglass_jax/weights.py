@@ -8,6 +8,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
+import threading
 import uuid
 import warnings
 from collections.abc import Mapping
@@ -48,10 +50,10 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
 
   `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `dtype`
-  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Each file is
-  written under a temporary name and renamed into place, so a kill or a full disk leaves the previous export (or
-  nothing) rather than a truncated file. A folder holding another export (other arrays) is replaced only with
-  `overwrite`; the same export again is allowed.
+  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Both files
+  are written under temporary names and renamed into place (`_write_atomically`), so Ctrl-C or a full disk leaves
+  the previous export (or nothing) rather than a truncated file or half of this one. A folder holding another
+  export (other arrays) is replaced only with `overwrite`; the same export again is allowed.
   """
   if dtype is not None and dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)} (or None: as saved).")
@@ -69,22 +71,56 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   if not overwrite:
     _check_replaceable(out, card)
   out.mkdir(parents=True, exist_ok=True)
-  # Serialised in memory and written through epath, so a gs:// output works as a local one does. The weights go
-  # first: a kill between the two renames leaves new weights beside the old card, whose checksums refuse them.
-  _write_atomically(out / WEIGHTS_FILE, safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}))
-  _write_atomically(out / CARD_FILE, (text + "\n").encode())
+  for stray in [*out.glob(f".{WEIGHTS_FILE}.*.tmp"), *out.glob(f".{CARD_FILE}.*.tmp")]:
+    stray.unlink(missing_ok=True)  # left by a killed export
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
+  _write_atomically(out, {WEIGHTS_FILE: safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}),
+                          CARD_FILE: (text + "\n").encode()})
   return card
 
 
-def _write_atomically(path, data: bytes) -> None:
-  temporary = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+def _write_atomically(out, files: dict[str, bytes]) -> None:
+  """Writes each file under a temporary name in `out`, then renames them all into place, holding back a Ctrl-C
+  until the renames are done: the folder holds the previous export or the new one, whole. A kill (SIGKILL) between
+  the renames leaves new weights beside the old card, which load_params refuses by its checksums; rerunning the
+  export repairs it. A full disk raises OSError naming the folder; the previous export stays."""
+  staged = [(out / f".{name}.{uuid.uuid4().hex[:8]}.tmp", out / name, data) for name, data in files.items()]
   try:
-    temporary.write_bytes(data)
-    temporary.replace(path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      temporary.unlink(missing_ok=True)
+    for temporary, _, data in staged:
+      temporary.write_bytes(data)
+    with _interrupts_held():
+      for temporary, path, _ in staged:
+        temporary.replace(path)
+  except BaseException as error:
+    for temporary, _, _ in staged:
+      with contextlib.suppress(OSError):
+        temporary.unlink(missing_ok=True)
+    from hourglass_jax.train.checks import is_disk_full  # pylint: disable=import-outside-toplevel
+
+    if isinstance(error, OSError) and is_disk_full(error):
+      raise OSError(f"disk full: writing the export to {out} failed (No space left on device); nothing of it was "
+                    "kept (a previous export there is intact). Free disk space or pass another --output folder, "
+                    "then rerun.") from error
     raise
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+  """Holds back a Ctrl-C (SIGINT) that arrives in the block until it ends (main thread only)."""
+  previous = signal.getsignal(signal.SIGINT)
+  if threading.current_thread() is not threading.main_thread() or previous is None:  # (None: not set from Python)
+    yield
+    return
+  received = []
+  signal.signal(signal.SIGINT, lambda *args: received.append(args))
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    if received and callable(previous):
+      previous(*received[0])
+    elif received and previous == signal.SIG_DFL:
+      raise KeyboardInterrupt
 
 
 def _check_replaceable(out, card: dict) -> None:
@@ -92,14 +128,19 @@ def _check_replaceable(out, card: dict) -> None:
   present = [name for name in (WEIGHTS_FILE, CARD_FILE) if (out / name).exists()]
   if not present:
     return
-  try:
-    old = json.loads((out / CARD_FILE).read_text())
+  try:  # without its card (a kill between the renames of the first export): the weights file's own
+    old = json.loads((out / CARD_FILE).read_text()) if CARD_FILE in present else _embedded_card(out / WEIGHTS_FILE)
     same = old.get("checksums") == card["checksums"] and old.get("model") == card["model"]
-  except (OSError, ValueError, AttributeError):
+  except (OSError, ValueError, AttributeError, safetensors.SafetensorError):
     same = False
   if not same:
     raise ValueError(f"{out} already holds {' and '.join(present)} of another export; pass another folder, or "
                      "--overwrite (overwrite=True) to replace it.")
+
+
+def _embedded_card(weights) -> dict:
+  with safetensors.safe_open(os.fspath(weights), framework="np") as f:
+    return json.loads((f.metadata() or {}).get(CARD_KEY) or "{}")
 
 
 def _locate(path) -> tuple[str, str]:
@@ -126,10 +167,8 @@ def _read_cards(path) -> tuple[dict, dict | None]:
   """(read_card's card, the card inside the weights file or None)."""
   weights, card_file = _locate(path)
   try:
-    with safetensors.safe_open(weights, framework="np") as f:
-      embedded = (f.metadata() or {}).get(CARD_KEY)
-    embedded = json.loads(embedded) if embedded else None
-    embedded = embedded if isinstance(embedded, dict) else None  # not a card this program wrote: config.json rules
+    embedded = _embedded_card(weights)
+    embedded = embedded if isinstance(embedded, dict) and embedded else None  # not ours: config.json rules
   except (safetensors.SafetensorError, OSError, ValueError) as error:
     raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
                      f"damaged: {_AGAIN}.") from None

@@ -194,3 +194,60 @@ def test_a_keyword_that_changes_the_function_is_refused_as_in_the_card(tmp_path)
     weights.load_params(tmp_path, hierarchy="1@1 1@2 1@1")
   model, _ = weights.load_params(tmp_path, attention_impl="xla")  # a setting that keeps the function
   assert model.cfg.attention_impl == "xla"
+
+
+@pytest.mark.parametrize("into", ["new folder", "overwrite"])
+def test_a_full_disk_names_the_output_folder_and_the_fix(exported, tmp_path, monkeypatch, into):
+  """Issue 55: a full disk while exporting, into a new folder or over another export, in one line naming both."""
+  _, cfg, params, _, other = exported
+  folder = _copy(exported, tmp_path) if into == "overwrite" else tmp_path / "new"
+
+  def full_disk(path, data):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(epath.Path, "write_bytes", full_disk)
+  with pytest.raises(OSError, match=rf"^disk full: writing the export to {folder} failed \(No space left on device\); "
+                                    r"nothing of it was kept .*Free disk space or pass another --output folder, then "
+                                    r"rerun\.$"):
+    weights.save_params(other, cfg, folder, overwrite=True)
+
+
+def test_a_ctrl_c_between_the_renames_is_held_until_both_are_done(exported, tmp_path, monkeypatch):
+  """Issue 55: Ctrl-C between the two renames of an --overwrite export left new weights beside the old card while
+  hourglass-export said "nothing was lost"; the interrupt now waits for the second rename."""
+  import os
+  import signal
+
+  folder = _copy(exported, tmp_path)
+  _, cfg, _, _, other = exported
+  path_type = type(epath.Path(folder))
+  real_replace = path_type.replace
+
+  def replace_then_ctrl_c(path, target):
+    result = real_replace(path, target)
+    os.kill(os.getpid(), signal.SIGINT)
+    return result
+
+  monkeypatch.setattr(path_type, "replace", replace_then_ctrl_c)
+  with pytest.raises(KeyboardInterrupt):
+    weights.save_params(other, cfg, folder, overwrite=True)
+  monkeypatch.undo()
+  _, loaded = weights.load_params(folder)  # the new export, whole
+  jax.tree.map(np.testing.assert_array_equal, loaded, other)
+  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_rerunning_an_export_killed_between_its_renames_repairs_it(exported, tmp_path):
+  """After a SIGKILL between the renames (new weights, the old or no card, a stray temporary), the same export again
+  replaces the pair and removes the stray; a first export killed there is recognised as the same export."""
+  folder = _copy(exported, tmp_path)
+  _, cfg, params, _, other = exported
+  weights.save_params(other, cfg, tmp_path / "new")
+  shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
+  (folder / ".config.json.0123abcd.tmp").write_text("{}")
+  weights.save_params(other, cfg, folder, overwrite=True)
+  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
+  (folder / "config.json").unlink()  # a first export killed after renaming its weights
+  weights.save_params(other, cfg, folder)  # the same export: no --overwrite needed
+  jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
