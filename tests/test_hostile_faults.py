@@ -105,11 +105,9 @@ def test_ctrl_c_in_a_reading_command_is_one_line_and_exit_130(capsys):
 ], ids=["ctrl-c", "full disk"])
 def test_prepare_ends_ctrl_c_and_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, fault, expected):
   """Issue 55: hourglass-data prepare interrupted, or out of space (array_record's RuntimeError), in one line."""
-  import sys
-  from unittest import mock
+  import types
 
   import tensorflow_datasets as tfds
-  from absl import flags
 
   from hourglass_jax.cli import main
 
@@ -118,12 +116,10 @@ def test_prepare_ends_ctrl_c_and_a_full_disk_in_one_line(tmp_path, monkeypatch, 
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", fail)
   (tmp_path / "corpus.txt").write_text("some text\n" * 20)
-  argv = ["hourglass-data", "prepare", "text_files", f"--manual_dir={tmp_path / 'corpus.txt'}",
-          f"--data_dir={tmp_path / 'data'}"]
-  flags.FLAGS.unparse_flags()
-  with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_:
-    main.data_entry()
-  flags.FLAGS.unparse_flags()
+  monkeypatch.setattr(main, "_MANUAL_DIR", types.SimpleNamespace(value=str(tmp_path / "corpus.txt")))
+  monkeypatch.setattr(main, "_DATA_DIR", types.SimpleNamespace(value=str(tmp_path / "data")))
+  with pytest.raises(SystemExit) as exit_:
+    main._data(["hourglass-data", "prepare", "text_files"])  # what `hourglass-data prepare text_files` runs
   code = exit_.value.code
   err = code if isinstance(code, str) else capsys.readouterr().err.strip()
   assert re.fullmatch(expected + ".*", err) and "\n" not in err, err
