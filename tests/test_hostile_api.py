@@ -1,6 +1,7 @@
 """Hostile inputs to the Python API (issue 45): the layer API checks what the LM checks, the sampling API refuses
 what hourglass-sample refuses, settings that would be ignored or overflow are refused, and data preparation stays
-inside the folder it is given."""
+inside the folder it is given. Issue 55: every<N> levels whose slots cannot hold their segments, or whose
+segments outgrow the window, are refused, and text_files reads a file reached twice once."""
 
 import math
 import os

@@ -1,7 +1,8 @@
 """Checkpoint integrity that one deletion cannot switch off (issue 45, case 1): format 2 keeps the fingerprints and
 settings beside the data position, so deleting Orbax's _CHECKPOINT_METADATA neither loads altered arrays nor
 skips the settings check; a format-2 checkpoint whose record is gone is treated as unreadable unless
-checkpoint.allow_unverified."""
+checkpoint.allow_unverified. Issue 55: so is one rewritten in the older format without fingerprints, and one
+whose two records disagree; the intact earlier step is used."""
 
 import json
 import shutil

@@ -1,6 +1,7 @@
 """Hostile command lines (issue 45): hourglass-boundaries ends every bad input in one line, and hourglass-sample
 refuses options its kind of data would ignore, a prompt that is not UTF-8 and an --output it cannot write, before
-restoring or compiling anything. The commands run in-process (main() with sys.argv patched)."""
+restoring or compiling anything, and (issue 55) a seed or a number of samples that would overflow, and a prompt
+file longer than the context. The commands run in-process (main() with sys.argv patched)."""
 
 import sys
 from unittest import mock

@@ -1,6 +1,7 @@
 """Hostile workdirs and faults (issue 45): a dangling link as the lock, a full disk while taking the lock or while
 training, Ctrl-C during evaluation, and a --data_dir that names a file end in one line naming the path and the
-fix."""
+fix. Issue 55: the heartbeat never writes through a planted link; Ctrl-C and a full disk in hourglass-data
+prepare, a build finished by another run meanwhile, and a second Ctrl-C during a save end in one line."""
 
 import contextlib
 import errno

@@ -1,6 +1,7 @@
 """Hostile exports (issue 45): exports are written atomically, never replace another model's export without
 overwrite, carry a checksum of every array that load_params verifies, and every load_params error names the file
-and the fix."""
+and the fix. Issue 55: a downgraded card cannot switch the checksums off, a keyword cannot change the function, a
+full disk names the folder, and Ctrl-C cannot split an export between its renames."""
 
 import json
 import shutil
