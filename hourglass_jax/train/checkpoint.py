@@ -235,11 +235,11 @@ class Checkpoints:
     self._records[step] = copy if beside is None else beside
     if not (beside and copy) or beside == copy:
       return None
-    differ = sorted(f"model.{k}" for k in beside.get("model", {}).keys() | copy.get("model", {}).keys()
-                    if beside.get("model", {}).get(k) != copy.get("model", {}).get(k))
+    models = [record.get("model") if isinstance(record.get("model"), dict) else {} for record in (beside, copy)]
+    differ = sorted(f"model.{k}" for k in models[0].keys() | models[1].keys() if models[0].get(k) != models[1].get(k))
     differ += sorted(k for k in beside.keys() | copy.keys() if k != "model" and beside.get(k) != copy.get(k))
     return (f"holds two records that disagree (data/metadata and _CHECKPOINT_METADATA differ in "
-            f"{', '.join(differ[:4])}), so one was altered after saving and neither can be trusted")
+            f"{', '.join(differ[:4]) or 'their layout'}), so one was altered after saving and neither can be trusted")
 
   def _verify(self, step: int, state, data_state, current: bool = False, allow_unverified: bool = False,
               hint: bool = True) -> str | None:
