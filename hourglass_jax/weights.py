@@ -8,7 +8,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
+import threading
 import uuid
+import warnings
 from collections.abc import Mapping
 
 import flax.linen as nn
@@ -47,10 +50,10 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
 
   `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `dtype`
-  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Each file is
-  written under a temporary name and renamed into place, so a kill or a full disk leaves the previous export (or
-  nothing) rather than a truncated file. A folder holding another export (other arrays) is replaced only with
-  `overwrite`; the same export again is allowed.
+  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Both files
+  are written under temporary names and renamed into place (`_write_atomically`), so Ctrl-C or a full disk leaves
+  the previous export (or nothing) rather than a truncated file or half of this one. A folder holding another
+  export (other arrays) is replaced only with `overwrite`; the same export again is allowed.
   """
   if dtype is not None and dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)} (or None: as saved).")
@@ -68,22 +71,56 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   if not overwrite:
     _check_replaceable(out, card)
   out.mkdir(parents=True, exist_ok=True)
-  # Serialised in memory and written through epath, so a gs:// output works as a local one does. The weights go
-  # first: a kill between the two renames leaves new weights beside the old card, whose checksums refuse them.
-  _write_atomically(out / WEIGHTS_FILE, safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}))
-  _write_atomically(out / CARD_FILE, (text + "\n").encode())
+  for stray in [*out.glob(f".{WEIGHTS_FILE}.*.tmp"), *out.glob(f".{CARD_FILE}.*.tmp")]:
+    stray.unlink(missing_ok=True)  # left by a killed export
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
+  _write_atomically(out, {WEIGHTS_FILE: safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}),
+                          CARD_FILE: (text + "\n").encode()})
   return card
 
 
-def _write_atomically(path, data: bytes) -> None:
-  temporary = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+def _write_atomically(out, files: dict[str, bytes]) -> None:
+  """Writes each file under a temporary name in `out`, then renames them all into place, holding back a Ctrl-C
+  until the renames are done: the folder holds the previous export or the new one, whole. A kill (SIGKILL) between
+  the renames leaves new weights beside the old card, which load_params refuses by its checksums; rerunning the
+  export repairs it. A full disk raises OSError naming the folder; the previous export stays."""
+  staged = [(out / f".{name}.{uuid.uuid4().hex[:8]}.tmp", out / name, data) for name, data in files.items()]
   try:
-    temporary.write_bytes(data)
-    temporary.replace(path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      temporary.unlink(missing_ok=True)
+    for temporary, _, data in staged:
+      temporary.write_bytes(data)
+    with _interrupts_held():
+      for temporary, path, _ in staged:
+        temporary.replace(path)
+  except BaseException as error:
+    for temporary, _, _ in staged:
+      with contextlib.suppress(OSError):
+        temporary.unlink(missing_ok=True)
+    from hourglass_jax.train.checks import is_disk_full  # pylint: disable=import-outside-toplevel
+
+    if isinstance(error, OSError) and is_disk_full(error):
+      raise OSError(f"disk full: writing the export to {out} failed (No space left on device); nothing of it was "
+                    "kept (a previous export there is intact). Free disk space or pass another --output folder, "
+                    "then rerun.") from error
     raise
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+  """Holds back a Ctrl-C (SIGINT) that arrives in the block until it ends (main thread only)."""
+  previous = signal.getsignal(signal.SIGINT)
+  if threading.current_thread() is not threading.main_thread() or previous is None:  # (None: not set from Python)
+    yield
+    return
+  received = []
+  signal.signal(signal.SIGINT, lambda *args: received.append(args))
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    if received and callable(previous):
+      previous(*received[0])
+    elif received and previous == signal.SIG_DFL:
+      raise KeyboardInterrupt
 
 
 def _check_replaceable(out, card: dict) -> None:
@@ -91,14 +128,19 @@ def _check_replaceable(out, card: dict) -> None:
   present = [name for name in (WEIGHTS_FILE, CARD_FILE) if (out / name).exists()]
   if not present:
     return
-  try:
-    old = json.loads((out / CARD_FILE).read_text())
+  try:  # without its card (a kill between the renames of the first export): the weights file's own
+    old = json.loads((out / CARD_FILE).read_text()) if CARD_FILE in present else _embedded_card(out / WEIGHTS_FILE)
     same = old.get("checksums") == card["checksums"] and old.get("model") == card["model"]
-  except (OSError, ValueError, AttributeError):
+  except (OSError, ValueError, AttributeError, safetensors.SafetensorError):
     same = False
   if not same:
     raise ValueError(f"{out} already holds {' and '.join(present)} of another export; pass another folder, or "
                      "--overwrite (overwrite=True) to replace it.")
+
+
+def _embedded_card(weights) -> dict:
+  with safetensors.safe_open(os.fspath(weights), framework="np") as f:
+    return json.loads((f.metadata() or {}).get(CARD_KEY) or "{}")
 
 
 def _locate(path) -> tuple[str, str]:
@@ -118,11 +160,15 @@ def read_card(path) -> dict:
   """The model card of exported weights: config.json beside them (which may be edited, e.g. its attention_impl),
   else the copy in the safetensors metadata. Raises ValueError, naming the file, when either is unreadable or
   malformed, or when the two disagree on what the weights compute."""
+  return _read_cards(path)[0]
+
+
+def _read_cards(path) -> tuple[dict, dict | None]:
+  """(read_card's card, the card inside the weights file or None)."""
   weights, card_file = _locate(path)
   try:
-    with safetensors.safe_open(weights, framework="np") as f:
-      embedded = (f.metadata() or {}).get(CARD_KEY)
-    embedded = json.loads(embedded) if embedded else None
+    embedded = _embedded_card(weights)
+    embedded = embedded if isinstance(embedded, dict) and embedded else None  # not ours: config.json rules
   except (safetensors.SafetensorError, OSError, ValueError) as error:
     raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
                      f"damaged: {_AGAIN}.") from None
@@ -130,7 +176,7 @@ def read_card(path) -> dict:
     if embedded is None:
       raise ValueError(f"{weights} carries no model card and there is no {card_file}: write the {CARD_FILE} that "
                        "hourglass-export wrote with it beside the file.")
-    return _checked_card(embedded, weights)
+    return _checked_card(embedded, weights), embedded
   try:
     with open(card_file, encoding="utf-8") as f:
       card = json.load(f)
@@ -140,13 +186,17 @@ def read_card(path) -> dict:
                      f"{_AGAIN}.") from None
   if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
     raise ValueError(f"{card_file} holds no 'model' section; restore the {CARD_FILE} hourglass-export wrote.")
-  if embedded is not None and (differ := function_changes(embedded["model"], card["model"], "file", CARD_FILE)):
+  if embedded is not None and (differ := function_changes(embedded.get("model", {}), card["model"], "file",
+                                                          CARD_FILE)):
     raise ValueError(f"{card_file} does not match the model {weights} was exported from ({'; '.join(differ)}); "
                      "its weights would compute a different function. Restore the exported "
                      f"{CARD_FILE} (or delete it: the file's own card is then used).")
-  if embedded is not None and "checksums" not in card and "checksums" in embedded:
-    card = dict(card, checksums=embedded["checksums"])  # an edited card cannot switch the check off
-  return _checked_card(card, card_file)
+  if embedded is not None:  # an edited card can neither switch the check off nor downgrade the format
+    card = dict(card, checksums=card.get("checksums") or embedded.get("checksums"))
+    versions = [side.get("format_version", 1) for side in (card, embedded)]
+    if all(type(version) is int for version in versions):
+      card["format_version"] = max(versions)
+  return _checked_card(card, card_file), embedded
 
 
 def _first_line(error) -> str:
@@ -161,7 +211,7 @@ def _checked_card(card: dict, where) -> dict:
     raise ValueError(f"{where}: the card's seq_len={seq_len!r} must be an integer >= 1 (or null); set it to the "
                      f"training length or {_AGAIN}.")
   version = card.get("format_version", 1)
-  if not isinstance(version, int) or version > FORMAT_VERSION:
+  if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
     raise ValueError(f"{where} is format_version {version!r}, newer than this hourglass_jax reads "
                      f"({FORMAT_VERSION}); upgrade hourglass_jax.")
   checksums = card.get("checksums")
@@ -197,12 +247,17 @@ def load_params(path, **overrides):
 
   The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
   nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
-  creates and against the card's checksums (format_version 2; a version-1 export has none), ready for
-  `model.apply({'params': params}, tokens_BxL)`. Every failure is a ValueError (FileNotFoundError for a missing
-  path) naming the file and the fix.
+  creates and against the checksums of both cards (format_version 2; a version-1 export has none and loads with a
+  warning that it is unverified), ready for `model.apply({'params': params}, tokens_BxL)`. Overrides may not change
+  what the weights compute (e.g. the hierarchy's factors): as in config.json, that is refused. Every failure is a
+  ValueError (FileNotFoundError for a missing path) naming the file and the fix.
   """
   weights, _ = _locate(path)
-  card = read_card(path)
+  card, embedded = _read_cards(path)
+  if differ := function_changes(card["model"], dict(card["model"], **overrides), CARD_FILE, "keyword"):
+    raise ValueError(f"load_params({', '.join(f'{k}={v!r}' for k, v in overrides.items())}) changes what the weights "
+                     f"of {weights} compute ({'; '.join(differ)}); they were trained as their card says. Drop the "
+                     "keyword (overrides may change only settings such as attention_impl or dtype).")
   model = build_model(dict(card["model"], **overrides))
   expected = abstract_params(model, card.get("seq_len"))
   try:
@@ -213,8 +268,12 @@ def load_params(path, **overrides):
   except (safetensors.SafetensorError, OSError) as error:
     raise ValueError(f"{weights} is not a readable safetensors file ({_first_line(error)}); it is truncated or "
                      f"damaged: {_AGAIN}.") from None
-  checksums = card.get("checksums")
-  if checksums:
+  expected_sums = [sums for sums in (card.get("checksums"), (embedded or {}).get("checksums"))
+                   if isinstance(sums, dict) and sums]
+  if not expected_sums:
+    warnings.warn(f"{weights} is a format_version 1 export: its arrays carry no checksums and are loaded unverified; "
+                  "export it again with hourglass-export to have them verified.", stacklevel=2)
+  for checksums in expected_sums:
     altered = sorted(key for key, value in stored.items() if checksums.get(key) != checksum(value))
     if altered:
       raise ValueError(f"{weights} fails its checksums: {len(altered)} array(s) differ from what was exported (e.g. "

@@ -108,9 +108,10 @@ def test_an_emptied_or_changed_data_position_is_not_a_silent_restart(trained, tm
 
 
 @pytest.mark.slow
-def test_checkpoints_without_fingerprints_restore_with_a_notice(trained, tmp_path):
+def test_checkpoints_without_fingerprints_restore_only_when_allowed(trained, tmp_path):
   """A checkpoint of the older format (a bare data position, fingerprints only in Orbax's metadata) that records
-  none; format 2 is tested in test_hostile_checkpoints.py."""
+  none: skipped as unverifiable, or restored with a notice under checkpoint.allow_unverified; format 2 is tested in
+  test_hostile_checkpoints.py."""
   workdir, cfg, trainer, state4, data4 = trained
   copy = copy_checkpoints(trained[0], tmp_path)
   (copy / "checkpoints" / "4" / "data" / "metadata").write_text(json.dumps(data4))
@@ -118,7 +119,10 @@ def test_checkpoints_without_fingerprints_restore_with_a_notice(trained, tmp_pat
   record = json.loads(metadata.read_text())
   del record["custom_metadata"]["fingerprints"]
   metadata.write_text(json.dumps(record))
-  (state, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints", read_only=True)
+  assert step == 2 and any("records no fingerprints" in m and "cannot be verified" in m for m in messages)
+  with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append) as checkpoints:
+    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg), allow_unverified=True)
   assert step == 4 and any("records no fingerprints" in m and "without verifying" in m for m in messages)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
 

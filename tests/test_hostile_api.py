@@ -1,8 +1,10 @@
 """Hostile inputs to the Python API (issue 45): the layer API checks what the LM checks, the sampling API refuses
 what hourglass-sample refuses, settings that would be ignored or overflow are refused, and data preparation stays
-inside the folder it is given."""
+inside the folder it is given. Issue 55: every<N> levels whose slots cannot hold their segments, or whose
+segments outgrow the window, are refused, and text_files reads a file reached twice once."""
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +105,39 @@ def test_dynamic_settings_on_a_fixed_model_are_refused(settings):
     small_config(shorten="avg", upsample="repeat", **settings)
 
 
+@pytest.mark.parametrize("hierarchy, boundaries, capacity, message", [
+    ("1@1 2@4 1@1", "every3", 1.0, r"'every3' closes a segment every 3 positions, but its level shortens by 4, so "
+                                   r"its model.segment_capacity=1.0 x L/4 slots cannot hold the L/3 segments .*"
+                                   r"factor 3, or raise segment_capacity to >= 1.33"),
+    ("1@1 2@2 1@1", "every2", 0.1, r"segment_capacity=0.1 x L/2 slots cannot hold the L/2 segments"),
+    ("1@1 1@2 1@8 1@2 1@1", "whitespace,every2", 1.5, r"'every2' closes a segment every 2 positions, but level 2 "
+                                                       r"shortens by 4"),
+])
+def test_every_n_that_cannot_fit_its_slots_is_refused(hierarchy, boundaries, capacity, message):
+  """Issue 55: segments every N positions at a level of factor k > N x segment_capacity would overflow into the
+  merged tail (segment_overflow 0.25 and more, seen only in the progress bar): refused before anything builds."""
+  with pytest.raises(ValueError, match=message):
+    small_config(shorten="dynamic", upsample="repeat", hierarchy=hierarchy, boundaries=boundaries,
+                 segment_capacity=capacity)
+  small_config(shorten="dynamic", upsample="repeat", hierarchy=hierarchy, boundaries=boundaries,
+               segment_capacity=4.0)  # room enough
+
+
+def test_segments_longer_than_the_window_or_a_huge_n_are_refused():
+  from hourglass_jax.train.checks import check_window
+  from tests.helpers import load_config
+
+  cfg = ModelConfig.from_dict(load_config("dynamic", "every1000").model)
+  with pytest.raises(ValueError, match=r"model.boundaries='every1000' with model.hierarchy='2@1 4@1000 2@1' needs "
+                                       r"segments of 1,000 positions, longer than a window of data.seq_len=48.*"
+                                       r"Raise data.seq_len to >= 1,000"):
+    check_window(cfg, 48)
+  check_window(cfg, 1000)
+  with pytest.raises(ValueError, match=r"every99999999999999999999.*2 <= N <= 1,048,576 .*got "
+                                       r"N=99,999,999,999,999,999,999"):
+    load_config("dynamic", "every99999999999999999999")
+
+
 def test_a_fixed_model_with_default_dynamic_settings_still_builds():
   assert not ModelConfig(**{**small_config().__dict__, "shorten": "avg"}).dynamic
 
@@ -127,11 +162,27 @@ def test_text_files_refuses_a_link_out_of_the_folder(tmp_path):
   folder = tmp_path / "corpus"
   folder.mkdir()
   (folder / "a.txt").write_text("hello\n")
-  (folder / "inside.txt").symlink_to(folder / "a.txt")  # a link within the folder is fine
-  assert [name for name, _ in find_documents([str(folder)])] == ["corpus/a.txt", "corpus/inside.txt"]
+  (folder / "inside.txt").symlink_to(folder / "a.txt")  # a link within the folder is fine (read once: see below)
+  assert [name for name, _ in find_documents([str(folder)])] == ["corpus/a.txt"]
   (folder / "b.txt").symlink_to(secret)
   with pytest.raises(ValueError, match="b.txt links to .*secret.txt, outside the folder"):
     find_documents([str(folder)])
+
+
+def test_text_files_reads_each_file_once(tmp_path):
+  """Issue 55: a link (or a hard link) to a file of the same folder, or a file named beside its folder, is one
+  document, not two: the file itself, by its own name."""
+  from hourglass_jax.data.text_files import find_documents
+
+  folder = tmp_path / "corpus"
+  (folder / "sub").mkdir(parents=True)
+  (folder / "b.txt").write_text("hello\n")
+  (folder / "c.txt").write_text("other\n")
+  (folder / "a_link.txt").symlink_to(folder / "b.txt")
+  (folder / "sub" / "z_link.txt").symlink_to(folder / "c.txt")
+  os.link(folder / "c.txt", folder / "d_hard.txt")
+  documents = find_documents([str(folder), str(folder / "b.txt")])
+  assert [name for name, _ in documents] == ["corpus/b.txt", "corpus/c.txt"]
 
 
 def test_an_enwik8_archive_of_the_right_size_but_other_bytes_is_refused(tmp_path):

@@ -1,7 +1,8 @@
 """Checkpoint integrity that one deletion cannot switch off (issue 45, case 1): format 2 keeps the fingerprints and
 settings beside the data position, so deleting Orbax's _CHECKPOINT_METADATA neither loads altered arrays nor
 skips the settings check; a format-2 checkpoint whose record is gone is treated as unreadable unless
-checkpoint.allow_unverified."""
+checkpoint.allow_unverified. Issue 55: so is one rewritten in the older format without fingerprints, and one
+whose two records disagree; the intact earlier step is used."""
 
 import json
 import shutil
@@ -123,3 +124,49 @@ def test_evaluation_beside_a_pruning_run_reads_the_newer_checkpoint(trained, tmp
              for m in messages), messages
   assert not any("unreadable" in m for m in messages), messages
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
+
+
+def test_a_checkpoint_downgraded_to_the_older_format_is_not_restored_unverified(trained, tmp_path):
+  """Issue 55: step 4 rewritten with altered arrays in format 1's layout (a bare data position) and Orbax's metadata
+  deleted: refused as unverifiable (naming why and the override), and the intact earlier step is used."""
+  import orbax.checkpoint as ocp
+
+  workdir, cfg, trainer, state4, data4 = trained
+  copy = copy_checkpoints(trained[0], tmp_path)
+  altered = state4.replace(params=jax.tree.map(lambda x: x + 1, state4.params))
+  with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=quiet) as checkpoints:
+    shutil.rmtree(copy / "checkpoints" / "4")  # saved again, readable, in the older layout with no record
+    checkpoints.manager.reload()
+    checkpoints.manager.save(4, args=ocp.args.Composite(
+        state=ocp.args.PyTreeSave(jax.device_put(altered, trainer.shardings)), data=ocp.args.JsonSave(data4)),
+        force=True)
+  (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
+  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  assert step == 2 and any("step 4" in m and "layout of checkpoint format 1 and Orbax's _CHECKPOINT_METADATA holds "
+                           "none" in m and "cannot be verified" in m and "allow_unverified=True" in m
+                           and "falling back to step 2" in m for m in messages), messages
+
+
+def test_two_records_that_disagree_fall_back_to_the_intact_step(trained, tmp_path):
+  """Issue 55: the record beside the data altered, Orbax's copy intact: whatever the config says, one message (the
+  records disagree) and the intact step 2 is used, or refused for the config's own settings."""
+  workdir, cfg, trainer, _, _ = trained
+  copy = copy_checkpoints(trained[0], tmp_path)
+  data_file = copy / "checkpoints" / "4" / "data" / "metadata"
+  data = json.loads(data_file.read_text())
+  data["record"]["model"]["rope_base"] = 500.0
+  data_file.write_text(json.dumps(data))
+  disagree = ("step 4", "holds two records that disagree (data/metadata and _CHECKPOINT_METADATA differ in "
+              "model.rope_base)")
+  changed = cfg.copy_and_resolve_references()
+  changed.model.rope_base = 500.0  # the altered record's settings: step 2 was not trained with them
+  messages = []
+  with pytest.raises(ValueError, match=r"step 2 was trained with other model settings .*model.rope_base: checkpoint "
+                                       r"10000.0, config 500.0"):
+    with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append,
+                                                 read_only=True) as checkpoints:
+      checkpoints.restore_latest(trainer.abstract, config_record(changed))
+  assert any(all(part in m for part in disagree) for m in messages), messages
+  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  assert step == 2 and any(all(part in m for part in disagree) and "falling back to step 2" in m
+                           for m in messages), messages

@@ -1,6 +1,7 @@
 """Hostile command lines (issue 45): hourglass-boundaries ends every bad input in one line, and hourglass-sample
 refuses options its kind of data would ignore, a prompt that is not UTF-8 and an --output it cannot write, before
-restoring or compiling anything. The commands run in-process (main() with sys.argv patched)."""
+restoring or compiling anything, and (issue 55) a seed or a number of samples that would overflow, and a prompt
+file longer than the context. The commands run in-process (main() with sys.argv patched)."""
 
 import sys
 from unittest import mock
@@ -75,3 +76,38 @@ def test_sample_refuses_an_output_it_cannot_write_before_sampling(tmp_path):
   with pytest.raises(ValueError, match="is a folder"):
     check_kind_options(SampleOptions(output=str(tmp_path)), True, "digits")
   check_kind_options(SampleOptions(output=str(tmp_path / "new" / "grid.png")), True, "digits")
+
+
+@pytest.mark.parametrize("options, message", [
+    (SampleOptions(prompt=b"Hi", seed=10**20), r"seed=100000000000000000000 must be a 64-bit integer, in \[-2\*\*63, "
+                                               r"2\*\*63\)"),
+    (SampleOptions(prompt=b"Hi", num_samples=10**8), r"num_samples=100,000,000 needs about [0-9,.]+ GiB for its "
+                                                     r"decoding caches alone .*lower --num_samples to at most "
+                                                     r"[0-9,]+ \(and sample again for more\)"),
+], ids=["seed", "num_samples"])
+def test_sample_refuses_what_would_overflow_before_restoring(tmp_path, options, message):
+  """Issue 55: --seed=1e20 (an OverflowError) and --num_samples=100000000 (out of memory after 13 s) end at once,
+  naming the limit: the workdir is not even read."""
+  from hourglass_jax.cli.sample import sample
+  from tests.helpers import tiny_config
+
+  with pytest.raises(ValueError, match=message):
+    sample(tiny_config(), tmp_path / "never_read", options)
+
+
+def test_a_prompt_file_is_read_no_further_than_the_context(tmp_path):
+  """Issue 55: --prompt_file=/dev/zero read until the kernel killed the process; now at most max_len + 1 bytes."""
+  from hourglass_jax.cli import sample as sample_cli
+
+  with pytest.raises(ValueError, match=r"--prompt_file=/dev/zero holds more than 48 bytes, more than a context of "
+                                       r"max_len=48 tokens holds .*raise --max_len"):
+    sample_cli.read_prompt_file("/dev/zero", 48)
+  with pytest.raises(ValueError, match=r"holds more than 67,108,864 bytes, the most a prompt file may hold"):
+    sample_cli.read_prompt_file("/dev/zero", 10**12)
+  (tmp_path / "prompt").write_bytes(b"def f(x):\n")
+  assert sample_cli.read_prompt_file(str(tmp_path / "prompt"), 48) == b"def f(x):\n"
+
+
+def test_a_vocabulary_beyond_int32_token_ids_is_refused():
+  with pytest.raises(ValueError, match=r"model.vocab_size=100,000,000,000 is more than int32 token ids can name"):
+    small_config(vocab_size=10**11)

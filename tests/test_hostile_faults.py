@@ -1,6 +1,7 @@
 """Hostile workdirs and faults (issue 45): a dangling link as the lock, a full disk while taking the lock or while
 training, Ctrl-C during evaluation, and a --data_dir that names a file end in one line naming the path and the
-fix."""
+fix. Issue 55: the heartbeat never writes through a planted link; Ctrl-C and a full disk in hourglass-data
+prepare, a build finished by another run meanwhile, and a second Ctrl-C during a save end in one line."""
 
 import contextlib
 import errno
@@ -29,6 +30,24 @@ def test_a_link_as_the_lock_is_refused_in_one_line(tmp_path, target):
     with WorkdirLock(tmp_path, quiet):
       pass
   assert (tmp_path / "elsewhere").read_text() == "{}"  # the link's target is left alone
+
+
+def test_the_heartbeat_never_writes_through_a_planted_link(tmp_path, monkeypatch):
+  """A link planted where a heartbeat could write its temporary file (issue 55): the file outside the workdir is
+  left alone and the lock stays a regular file holding this run's record."""
+  from hourglass_jax.train import workdir_lock
+
+  monkeypatch.setattr(workdir_lock, "HEARTBEAT_SECONDS", 3600.0)  # heartbeats driven by hand below
+  outside = tmp_path / "outside.txt"
+  outside.write_text("precious")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / f"lock.{os.getpid()}.tmp").symlink_to(outside)
+  with WorkdirLock(workdir, quiet) as lock:
+    assert lock.refresh()
+    assert not os.path.islink(workdir / "lock") and lock._is_ours(lock._holder())
+  assert outside.read_text() == "precious"
+  assert sorted(p.name for p in workdir.iterdir()) == [f"lock.{os.getpid()}.tmp"]  # the link, and no temporary
 
 
 def test_a_full_disk_while_locking_names_the_lock_and_leaves_none(tmp_path, monkeypatch):
@@ -77,6 +96,58 @@ def test_ctrl_c_in_a_reading_command_is_one_line_and_exit_130(capsys):
   assert exit_.value.code == 130
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: hourglass-eval interrupted (Ctrl-C)") and "\n" not in err
+
+
+@pytest.mark.parametrize("fault, expected", [
+    (KeyboardInterrupt(), r"error: hourglass-data prepare interrupted \(Ctrl-C\); nothing was lost: rerun"),
+    (RuntimeError('Failed to finalize writing of split "train": write() failed: No space left on device; writing '
+                  'x.array_record'), r"error: disk full: building text_files under .*data failed \(No space left on "
+                                     r"device\); the partial build is not kept\. Free disk space .*then rerun\."),
+], ids=["ctrl-c", "full disk"])
+def test_prepare_ends_ctrl_c_and_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, fault, expected):
+  """Issue 55: hourglass-data prepare interrupted, or out of space (array_record's RuntimeError), in one line."""
+  import types
+
+  import tensorflow_datasets as tfds
+
+  from hourglass_jax.cli import main
+
+  def fail(builder, **kwargs):
+    raise fault
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", fail)
+  (tmp_path / "corpus.txt").write_text("some text\n" * 20)
+  monkeypatch.setattr(main, "_MANUAL_DIR", types.SimpleNamespace(value=str(tmp_path / "corpus.txt")))
+  monkeypatch.setattr(main, "_DATA_DIR", types.SimpleNamespace(value=str(tmp_path / "data")))
+  with pytest.raises(SystemExit) as exit_:
+    main._data(["hourglass-data", "prepare", "text_files"])  # what `hourglass-data prepare text_files` runs
+  code = exit_.value.code
+  err = code if isinstance(code, str) else capsys.readouterr().err.strip()
+  assert re.fullmatch(expected + ".*", err) and "\n" not in err, err
+  assert code == 130 if isinstance(fault, KeyboardInterrupt) else isinstance(code, str)
+
+
+def test_a_dataset_prepared_by_another_run_meanwhile_is_not_reported_as_built(tmp_path, monkeypatch):
+  """Issue 55: two hourglass-data prepare of text_files on one --data_dir: the second waits for the first's build
+  lock, then finds the first one's corpus there and says so instead of "built"."""
+  from hourglass_jax.data import prepare, tfds_io
+
+  for name in ("first", "second"):
+    (tmp_path / name).mkdir()
+    for i in range(3):
+      (tmp_path / name / f"{i}.txt").write_text(f"{name} corpus, file {i}\n" * 10)
+  real_lock = tfds_io._build_lock
+
+  def the_other_run_builds_first(root, name):
+    monkeypatch.setattr(tfds_io, "_build_lock", real_lock)
+    tfds_io.prepare("text_files", str(root), str(tmp_path / "first"), progress=False, log=quiet)
+    return real_lock(root, name)
+
+  monkeypatch.setattr(tfds_io, "_build_lock", the_other_run_builds_first)
+  with pytest.raises(ValueError, match=r"text_files was prepared at .*text_files.1.0.0 by another hourglass-data run "
+                                       r"while this one waited for it: .*not necessarily --manual_dir=.*second, and "
+                                       r"nothing was built here\. Use another --data_dir, or delete"):
+    prepare.prepare_command("text_files", str(tmp_path / "data"), str(tmp_path / "second"), log=quiet)
 
 
 def test_an_archive_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
@@ -140,6 +211,53 @@ def test_writes_abandoned_by_a_failed_save_print_nothing(tmp_path):
   finally:
     sys.unraisablehook = previous
   assert [str(u.exc_value) for u in seen] == ["other"]
+
+
+def test_a_second_ctrl_c_during_a_save_ends_in_one_line(tmp_path, monkeypatch, capsys):
+  """Issue 55: a Ctrl-C that interrupts a save leaves Orbax's record of it (a traceback) and abandoned writes that
+  each report "Event loop is closed", hundreds of lines: both are dropped after checkpoints close on the interrupt,
+  and hourglass-train prints its one line and exits 130 at once (os._exit: no shutdown runs the abandoned writes)."""
+  import logging
+  import sys
+  import types
+
+  from absl import logging as absl_logging
+
+  from hourglass_jax.cli import main
+
+  records, seen = [], []
+  handler = logging.Handler()
+  handler.emit = records.append
+  logger = logging.getLogger("absl")
+  logger.addHandler(handler)
+  previous, sys.unraisablehook = sys.unraisablehook, seen.append
+  try:
+    with pytest.raises(KeyboardInterrupt), Checkpoints(tmp_path / "checkpoints", log=quiet):
+      try:
+        raise KeyboardInterrupt
+      except KeyboardInterrupt:
+        absl_logging.exception("[wait_until_finished] Save Finalize thread (save_finalize) failed.")
+      raise KeyboardInterrupt
+    for error in (RuntimeError("Event loop is closed"), ValueError("other")):
+      sys.unraisablehook(types.SimpleNamespace(exc_value=error, object=None))
+  finally:
+    sys.unraisablehook = previous
+    logger.removeHandler(handler)
+  assert not records and [str(u.exc_value) for u in seen] == ["other"]
+
+  def interrupted(fn):
+    raise KeyboardInterrupt
+
+  def exit_now(code):
+    raise SystemExit(code)
+
+  monkeypatch.setattr(main, "_run", interrupted)
+  monkeypatch.setattr(os, "_exit", exit_now)
+  with pytest.raises(SystemExit) as exit_:
+    main._train()
+  err = capsys.readouterr().err.strip()
+  assert exit_.value.code == preemption.EXIT_INTERRUPTED and "\n" not in err
+  assert err.startswith("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost.")
 
 
 # Run as `python -c FULL_CHECKPOINTS ROOT ARGS...`: every Python-level write under ROOT fails with ENOSPC (Orbax

@@ -1,6 +1,7 @@
 """Hostile exports (issue 45): exports are written atomically, never replace another model's export without
 overwrite, carry a checksum of every array that load_params verifies, and every load_params error names the file
-and the fix."""
+and the fix. Issue 55: a downgraded card cannot switch the checksums off, a keyword cannot change the function, a
+full disk names the folder, and Ctrl-C cannot split an export between its renames."""
 
 import json
 import shutil
@@ -147,3 +148,107 @@ def test_new_weights_beside_an_old_card_are_refused(exported, tmp_path):
   shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
   with pytest.raises(ValueError, match="fails its checksums.*different exports"):
     weights.load_params(folder)
+
+
+def _flip_a_byte(folder):
+  data = bytearray((folder / "model.safetensors").read_bytes())
+  data[-4:] = bytes(255 - b for b in data[-4:])
+  (folder / "model.safetensors").write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("checksums", [{}, None], ids=["empty", "null"])
+def test_a_card_downgraded_to_format_1_does_not_switch_the_checksums_off(exported, tmp_path, checksums):
+  """Issue 55: config.json edited to format_version 1 without checksums; the file's own card still holds them."""
+  folder = _copy(exported, tmp_path)
+  card = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps(dict(card, format_version=1, checksums=checksums)))
+  weights.load_params(folder)  # intact: loads
+  _flip_a_byte(folder)
+  with pytest.raises(ValueError, match="fails its checksums"):
+    weights.load_params(folder)
+
+
+def test_an_export_without_checksums_anywhere_loads_named_unverified(exported, tmp_path):
+  """A format-1 export (no checksums in either card) loads, with a warning that says it is unverified."""
+  import safetensors.numpy
+
+  _, _, params, card, _ = exported
+  folder = tmp_path / "v1"
+  folder.mkdir()
+  old = {key: value for key, value in card.items() if key != "checksums"} | {"format_version": 1}
+  safetensors.numpy.save_file(weights.flatten(params), folder / "model.safetensors",
+                              metadata={"format": "hourglass_jax", "config": json.dumps(old)})
+  (folder / "config.json").write_text(json.dumps(old))
+  with pytest.warns(UserWarning, match="format_version 1 export: its arrays carry no checksums and are loaded "
+                                       "unverified"):
+    weights.load_params(folder)
+
+
+def test_a_keyword_that_changes_the_function_is_refused_as_in_the_card(tmp_path):
+  """load_params(path, hierarchy=...) with other factors keeps every shape but not the function: refused."""
+  cfg = small_config(hierarchy="1@1 1@3 1@1", shorten="avg", upsample="repeat")
+  params = unbox_params(jax.jit(build_model(cfg).init)(jax.random.key(0), jnp.zeros((1, 3), jnp.int32)))
+  weights.save_params(params, cfg, tmp_path)
+  with pytest.raises(ValueError, match=r"load_params\(hierarchy='1@1 1@2 1@1'\) changes what the weights of .* "
+                                       r"compute \(model.hierarchy: config.json '1@1 1@3 1@1', keyword '1@1 1@2 "
+                                       r"1@1'\).*Drop the keyword"):
+    weights.load_params(tmp_path, hierarchy="1@1 1@2 1@1")
+  model, _ = weights.load_params(tmp_path, attention_impl="xla")  # a setting that keeps the function
+  assert model.cfg.attention_impl == "xla"
+
+
+@pytest.mark.parametrize("into", ["new folder", "overwrite"])
+def test_a_full_disk_names_the_output_folder_and_the_fix(exported, tmp_path, monkeypatch, into):
+  """Issue 55: a full disk while exporting, into a new folder or over another export, in one line naming both."""
+  _, cfg, params, _, other = exported
+  folder = _copy(exported, tmp_path) if into == "overwrite" else tmp_path / "new"
+
+  def full_disk(path, data):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(epath.Path, "write_bytes", full_disk)
+  with pytest.raises(OSError, match=rf"^disk full: writing the export to {folder} failed \(No space left on device\); "
+                                    r"nothing of it was kept .*Free disk space or pass another --output folder, then "
+                                    r"rerun\.$"):
+    weights.save_params(other, cfg, folder, overwrite=True)
+
+
+def test_a_ctrl_c_between_the_renames_is_held_until_both_are_done(exported, tmp_path, monkeypatch):
+  """Issue 55: Ctrl-C between the two renames of an --overwrite export left new weights beside the old card while
+  hourglass-export said "nothing was lost"; the interrupt now waits for the second rename."""
+  import os
+  import signal
+
+  folder = _copy(exported, tmp_path)
+  _, cfg, _, _, other = exported
+  path_type = type(epath.Path(folder))
+  real_replace = path_type.replace
+
+  def replace_then_ctrl_c(path, target):
+    result = real_replace(path, target)
+    os.kill(os.getpid(), signal.SIGINT)
+    return result
+
+  monkeypatch.setattr(path_type, "replace", replace_then_ctrl_c)
+  with pytest.raises(KeyboardInterrupt):
+    weights.save_params(other, cfg, folder, overwrite=True)
+  monkeypatch.undo()
+  _, loaded = weights.load_params(folder)  # the new export, whole
+  jax.tree.map(np.testing.assert_array_equal, loaded, other)
+  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_rerunning_an_export_killed_between_its_renames_repairs_it(exported, tmp_path):
+  """After a SIGKILL between the renames (new weights, the old or no card, a stray temporary), the same export again
+  replaces the pair and removes the stray; a first export killed there is recognised as the same export."""
+  folder = _copy(exported, tmp_path)
+  _, cfg, params, _, other = exported
+  weights.save_params(other, cfg, tmp_path / "new")
+  shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
+  (folder / ".config.json.0123abcd.tmp").write_text("{}")
+  weights.save_params(other, cfg, folder, overwrite=True)
+  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
+  (folder / "config.json").unlink()  # a first export killed after renaming its weights
+  weights.save_params(other, cfg, folder)  # the same export: no --overwrite needed
+  jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)

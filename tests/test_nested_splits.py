@@ -85,7 +85,7 @@ def test_the_cpu_preset_nests_words_pairs_and_groups_of_four():
 
 def test_every_n_names_are_parsed_and_checked():
   assert resolve("every5")[1] == {"count": 5}
-  with pytest.raises(ValueError, match="N >= 2"):
+  with pytest.raises(ValueError, match="2 <= N <= "):
     small_config(**DYNAMIC, hierarchy="1@1 2@3 1@1", boundaries="every1")
   with pytest.raises(ValueError, match="choose one of whitespace, gumbel, routing, entropy, every<N>"):
     small_config(**DYNAMIC, hierarchy="1@1 2@3 1@1", boundaries="everytwo")

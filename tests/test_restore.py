@@ -66,7 +66,7 @@ def test_evaluation_and_sampling_read_the_params_alone(trained, params_only):
 
 @pytest.mark.slow
 def test_params_are_verified_like_the_whole_state(trained, tmp_path):
-  """Step 4's record says its head bias was saved otherwise: evaluation skips to step 2 saying why, export (which
+  """Step 4's records say its head bias was saved otherwise: evaluation skips to step 2 saying why, export (which
   reads the step it is given) refuses, naming the array."""
   workdir, cfg, *_ = trained
   copy = copy_checkpoints(trained[0], tmp_path)
@@ -74,6 +74,10 @@ def test_params_are_verified_like_the_whole_state(trained, tmp_path):
   data = json.loads(data_file.read_text())
   data["record"]["fingerprints"]["params/head/bias"] = "00000000"
   data_file.write_text(json.dumps(data))
+  metadata_file = copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA"  # its copy too: the two records agree
+  metadata = json.loads(metadata_file.read_text())
+  metadata["custom_metadata"]["fingerprints"]["params/head/bias"] = "00000000"
+  metadata_file.write_text(json.dumps(metadata))
   messages = []
   assert evaluate_checkpoint(cfg, copy, log=messages.append)["step"] == 2
   assert any("checkpoint step 4" in m and "fails its integrity check: 1 of its arrays differ" in m

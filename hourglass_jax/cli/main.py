@@ -65,28 +65,28 @@ def _run(fn):
   try:
     return fn()
   except DiskFullError as error:
-    _exit_disk_full(error)
+    from hourglass_jax.train import preemption
+
+    _exit_now(f"error: {error}", preemption.EXIT_DISK_FULL)
   except (ValueError, TrainError, OSError) as error:
     if flags.FLAGS["verbosity"].present:
       raise
     sys.exit(f"error: {error}")
 
 
-def _exit_disk_full(error) -> None:
-  """Ends the process on a full disk with EXIT_DISK_FULL: the one-line message (after the traceback with
-  --verbosity), flushed, then os._exit. A failed async save leaves TensorStore writes and coroutines of Orbax's closed
+def _exit_now(line: str, code: int) -> None:
+  """Ends the process after a failed or interrupted save with `code`: the one-line message (after the traceback
+  with --verbosity), flushed, then os._exit. Such a save leaves TensorStore writes and coroutines of Orbax's closed
   event loop behind, with nothing to wait on; a normal interpreter shutdown runs them into the finalizing
   interpreter, which printed tracebacks by the dozen and could crash (exit 139). The workdir lock is released, the
   checkpoints closed and the summaries flushed before this is reached."""
-  from hourglass_jax.train import preemption
-
   if flags.FLAGS["verbosity"].present:
     traceback.print_exc()
-  print(f"error: {error}", file=sys.stderr)
+  print(line, file=sys.stderr)
   absl_logging.flush()
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(preemption.EXIT_DISK_FULL)
+  os._exit(code)
 
 
 def _run_reader(fn, what: str):
@@ -130,10 +130,9 @@ def _train():
   try:
     summary = _run(train)
     stopped = summary["stopped"]  # a stop after saving is not "finished": schedulers requeue on its code
-  except KeyboardInterrupt:
-    print("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost. Rerun the same command "
-          "to resume from it.", file=sys.stderr)
-    sys.exit(preemption.EXIT_INTERRUPTED)
+  except KeyboardInterrupt:  # a second Ctrl-C, perhaps during a save
+    _exit_now("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost. Rerun the same "
+              "command to resume from it.", preemption.EXIT_INTERRUPTED)
   if stopped == "done" and summary["step"] > summary["start_step"]:
     _print_next_steps()
   sys.exit({"preempted": preemption.EXIT_PREEMPTED, "interrupted": preemption.EXIT_INTERRUPTED}.get(stopped, 0))
@@ -188,8 +187,8 @@ def _data(argv):
   usage.quiet_logs()
   from hourglass_jax.data.prepare import prepare_command
 
-  _run(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")
-       or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value))
+  _run_reader(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")
+              or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value), "hourglass-data prepare")
 
 
 def data_entry():

@@ -41,10 +41,15 @@ class SampleOptions:
   output: str | None = None
 
 
+SEEDS = (-2**63, 2**63)  # jax.random.key takes a 64-bit integer
+PROMPT_BYTES_CAP = 2**26  # a --prompt_file is read no further (a device or a pipe may never end)
+
+
 def check_options(options: SampleOptions, vocab_size: int) -> None:
   """Value ranges of the sampling options, checked before anything is restored or compiled."""
   problems = (
       ("num_samples", options.num_samples, options.num_samples >= 1, "must be >= 1"),
+      ("seed", options.seed, SEEDS[0] <= options.seed < SEEDS[1], "must be a 64-bit integer, in [-2**63, 2**63)"),
       ("max_new_tokens", options.max_new_tokens, options.max_new_tokens is None or options.max_new_tokens >= 1,
        "must be >= 1 (leave it unset for the default)"),
       ("max_len", options.max_len, options.max_len is None or options.max_len >= 1,
@@ -59,6 +64,42 @@ def check_options(options: SampleOptions, vocab_size: int) -> None:
   for name, value, fine, rule in problems:
     if not fine:
       raise ValueError(f"{name}={value} {rule}.")
+
+
+def check_memory(model_cfg: ModelConfig, num_samples: int, max_len: int) -> None:
+  """Refuses `num_samples` whose decoding caches of `max_len` tokens alone exceed the memory of all the devices
+  (the host's, on the CPU), before anything is restored or compiled: it would end in an out-of-memory error."""
+  from hourglass_jax.model.decode import padded_length  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.model.lm import build_body  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.train.metrics import device_memory_limit  # pylint: disable=import-outside-toplevel
+
+  cache = jax.eval_shape(lambda: build_body(model_cfg).new_cache(1, padded_length(model_cfg, max_len),
+                                                                  model_cfg.d_model))
+  per_row = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache)) + 4 * max_len
+  limit = device_memory_limit()
+  limit, where = ((limit * jax.device_count(), f"the {jax.device_count()} devices")
+                  if limit else (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the host's memory"))
+  if num_samples * per_row > limit:
+    raise ValueError(f"num_samples={num_samples:,} needs about {num_samples * per_row / 2**30:,.1f} GiB for its "
+                     f"decoding caches alone ({per_row / 2**20:,.2f} MiB per sample at max_len={max_len:,}), more "
+                     f"than the {limit / 2**30:,.1f} GiB of {where}; lower --num_samples to at most "
+                     f"{limit // per_row:,} (and sample again for more), or --max_len.")
+
+
+def read_prompt_file(path: str, max_len: int) -> bytes:
+  """--prompt_file's bytes, read no further than the longest prompt a cache of `max_len` tokens holds (a device
+  such as /dev/zero, or a pipe, may never end)."""
+  limit = min(max(max_len, 1), PROMPT_BYTES_CAP)
+  with open(path, "rb") as f:
+    prompt = f.read(limit + 1)
+  if len(prompt) > limit == max_len:
+    raise ValueError(f"--prompt_file={path} holds more than {limit:,} bytes, more than a context of max_len="
+                     f"{max_len:,} tokens holds (--max_len, default data.seq_len); pass a shorter prompt file, or "
+                     "raise --max_len.")
+  if len(prompt) > limit:
+    raise ValueError(f"--prompt_file={path} holds more than {limit:,} bytes, the most a prompt file may hold; pass "
+                     "a shorter one.")
+  return prompt
 
 
 def prompt_bytes(text: str) -> bytes:
@@ -143,6 +184,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   shape = sources.image_shape(cfg.data)
   image_size = None if shape is None else int(np.prod(shape))
   check_kind_options(options, shape is not None, cfg.data.name)
+  check_memory(model_cfg, options.num_samples, options.max_len or cfg.data.seq_len)
   if shape is None:
     prompts, originals = generation.byte_prompts(options.prompt, options.num_samples, cfg.model.vocab_size), None
   else:

@@ -30,13 +30,13 @@ def _log(message: str) -> None:
 
 def run(cfg, workdir: str, split: str | None) -> dict:
   """Samples as the flags say; prints text samples (process 0)."""
-  from hourglass_jax.cli.sample import SampleOptions, prompt_bytes, sample  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.cli.sample import (  # pylint: disable=import-outside-toplevel
+      SampleOptions, prompt_bytes, read_prompt_file, sample)
 
   if _PROMPT.value is not None and _PROMPT_FILE.value is not None:
     raise ValueError("give --prompt or --prompt_file, not both.")
   if _PROMPT_FILE.value is not None:
-    with open(_PROMPT_FILE.value, "rb") as f:
-      prompt = f.read()
+    prompt = read_prompt_file(_PROMPT_FILE.value, _MAX_LEN.value or cfg.data.seq_len)
   else:
     prompt = prompt_bytes(_PROMPT.value or "")
   options = SampleOptions(prompt=prompt, num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW_TOKENS.value,

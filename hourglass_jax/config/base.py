@@ -44,8 +44,8 @@ def base_config() -> ml_collections.ConfigDict:
   # every_steps 0 = save only at the end and on preemption; keep = how many of the latest checkpoints stay.
   # allow_settings_change: resume / evaluate / sample a checkpoint although model fields that change its function
   # without changing a shape (a factor in `hierarchy`, the shortening method...) differ from its recorded ones.
-  # allow_unverified: restore a checkpoint of the current format that records no fingerprints or settings beside
-  # its data (they were deleted or lost), without verifying it.
+  # allow_unverified: restore a checkpoint that records no fingerprints (of the current format: or no settings)
+  # beside its data or in Orbax's metadata (deleted, lost, or saved before fingerprints), without verifying it.
   cfg.checkpoint = ml_collections.ConfigDict(dict(every_steps=200, keep=3, async_save=True,
                                                   allow_settings_change=False, allow_unverified=False))
   return cfg

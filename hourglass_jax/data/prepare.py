@@ -37,7 +37,7 @@ def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | No
   else:
     log(f"preparing {name} into {root} (needs {spec.needs})")
     start = time.perf_counter()
-    builder = tfds_io.prepare(name, str(root), manual_dir, progress=True, log=log)
+    builder = tfds_io.prepare(name, str(root), manual_dir, progress=True, log=log, new_build=True)
     log(f"built {name} in {time.perf_counter() - start:.1f} s")
   path = builder.data_path
   log(f"{name} at {path} ({_disk_bytes(path) / 2**20:.1f} MiB on disk, array_record):")

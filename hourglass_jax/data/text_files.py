@@ -24,8 +24,9 @@ _READ_BLOCK = 1 << 20
 
 def find_documents(paths: Sequence[str]) -> list[tuple[str, pathlib.Path]]:
   """(name, path) of the documents: each file given, and every non-hidden, non-empty file under each folder given
-  (recursively), sorted by name. Missing paths, empty files given by name, empty folders and links in a folder that
-  lead out of it raise."""
+  (recursively), sorted by name; a file reached twice (a link to it, a hard link, or named beside its folder) is
+  one document, under its first name that is not a link. Missing paths, empty files given by name, empty folders
+  and links in a folder that lead out of it raise."""
   if not paths:
     raise ValueError("text_files: no input given; name the files or folder with "
                      "`hourglass-data prepare text_files --manual_dir=FILE_OR_FOLDER`.")
@@ -55,7 +56,13 @@ def find_documents(paths: Sequence[str]) -> list[tuple[str, pathlib.Path]]:
     else:
       raise FileNotFoundError(f"text_files: {root} does not exist (or is not a file or folder); pass "
                               "--manual_dir=FILE_OR_FOLDER.")
-  return sorted(documents, key=lambda item: item[0])
+  seen, unique = set(), []
+  for name, path in sorted(documents, key=lambda item: item[1].is_symlink()):  # stable: files before links
+    identity = (path.stat().st_dev, path.stat().st_ino)
+    if identity not in seen:
+      seen.add(identity)
+      unique.append((name, path))
+  return sorted(unique, key=lambda item: item[0])
 
 
 def split_documents(names: Sequence[str], sizes: Sequence[int]) -> dict[str, list[tuple[int, int, int]]]:

@@ -66,12 +66,15 @@ def _remove_stale_builds(builder: tfds.core.DatasetBuilder, log) -> None:
 
 
 def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None, *,
-            builder_kwargs: dict | None = None, progress: bool = True, log=print) -> tfds.core.DatasetBuilder:
+            builder_kwargs: dict | None = None, progress: bool = True, log=print,
+            new_build: bool = False) -> tfds.core.DatasetBuilder:
   """Builds `name` into `data_dir` as array_record files (a no-op when it is already there) and returns its builder.
 
   TFDS writes into a temporary `incomplete.*` folder and renames it only when every split is written, so a failed
   or interrupted build never leaves a dataset that loads as complete; a killed build's folder is removed (and
-  logged) by the next prepare.
+  logged) by the next prepare. One build runs at a time per data dir and dataset; `new_build` (the caller found it
+  not prepared): one that another process prepared meanwhile, while this one waited, raises ValueError instead of
+  being returned as if built from this call's input. A full disk raises OSError naming the folder and the fix.
   """
   spec = catalog.get(name)
   catalog.check_manual_files(spec, manual_dir)
@@ -88,6 +91,11 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
   with _build_lock(root, name):
     builder = get_builder(name, os.fspath(root), file_format="array_record", **kwargs)
     _remove_stale_builds(builder, log)
+    if builder.is_prepared() and new_build:
+      raise ValueError(f"{name} was prepared at {builder.data_path} by another hourglass-data run while this one "
+                       f"waited for it: that folder holds the other run's input"
+                       f"{f', not necessarily --manual_dir={manual_dir}' if manual_dir else ''}, and nothing was "
+                       f"built here. Use another --data_dir, or delete {builder.data_path} and rerun.")
     if builder.is_prepared():
       return builder
     if name == "text_files" and not kwargs.get("paths"):
@@ -106,6 +114,13 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       files = " and ".join(f for f, _ in spec.manual_files) or "the source files"
       raise FileNotFoundError(f"{name}: download failed ({error}). Put {files} in a folder and pass "
                               f"--manual_dir=FOLDER ({spec.needs}).") from error
+    except Exception as error:  # TFDS and array_record report a full disk as RuntimeError, among others
+      from hourglass_jax.train.checks import is_disk_full  # pylint: disable=import-outside-toplevel
+
+      if not is_disk_full(error):
+        raise
+      raise OSError(f"disk full: building {name} under {root} failed (No space left on device); the partial build "
+                    "is not kept. Free disk space (or pass another --data_dir), then rerun.") from None
     finally:
       tfds.enable_progress_bar()
   return builder

@@ -16,6 +16,7 @@ from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
 
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
 MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
+MAX_VOCAB_SIZE = 2**31 - 1  # token ids are int32
 SHORTEN = SHORTEN_METHODS  # fixed-factor methods; shorten may also be 'dynamic' (learned or given boundaries)
 UPSAMPLE = UPSAMPLE_METHODS
 __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLICIES", "UPSAMPLERS", "ModelConfig",
@@ -56,6 +57,9 @@ class ModelConfig(DynamicSettings, BlockSettings):
     check_types(self, "model.")
     check_choice("model.kind", self.kind, KINDS)
     check_int("model.vocab_size", self.vocab_size, 2)
+    if self.vocab_size > MAX_VOCAB_SIZE:
+      raise ValueError(f"model.vocab_size={self.vocab_size:,} is more than int32 token ids can name (at most "
+                       f"{MAX_VOCAB_SIZE:,}); byte-level models use 256.")
     check_layer_settings(self, "model.")
     check_choice("model.shorten", self.shorten, SHORTEN + (DYNAMIC,))
     check_choice("model.upsample", self.upsample, UPSAMPLE)

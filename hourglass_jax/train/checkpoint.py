@@ -4,9 +4,10 @@ current run has and verified; unreadable or altered ones are moved aside and the
 
 Format 2: the 'data' item holds {'checkpoint_format': 2, 'iterator': the data position, 'record': the run record
 and fingerprints}, so the fingerprints and settings live where the data is and deleting Orbax's metadata file
-does not switch their checks off. A format-2 checkpoint whose record lacks them is treated as unreadable unless
-`allow_unverified`; a checkpoint of the older format (a bare data position) is verified against the fingerprints
-in its metadata, or restored unverified with a warning when it has none.
+does not switch their checks off; Orbax's metadata keeps a copy, and a checkpoint whose two records disagree was
+altered. A checkpoint of the older format (a bare data position) is verified against the fingerprints in Orbax's
+metadata. One that records no fingerprints (a format-2 record without them or the settings, or an older
+checkpoint whose metadata holds none) cannot be verified: it is treated as unreadable unless `allow_unverified`.
 
 `Checkpoints.restore_latest` is the one reader of these checkpoints: the whole train state (training resumes) or
 the params alone (evaluation, sampling, export: an Orbax partial restore, so no optimizer state is read), with
@@ -67,7 +68,7 @@ class Checkpoints:
     self._pending, self.failed = None, False  # the step of the last save started; whether a save ran out of space
 
   def __enter__(self):
-    logging.getLogger("absl").addFilter(self._quiet_disk_full)
+    logging.getLogger("absl").addFilter(self._quiet_reported)
     self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._quiet_abandoned_writes
     self.manager.__enter__()
     return self
@@ -82,22 +83,26 @@ class Checkpoints:
       if error_type is None:
         raise  # else the error leaving the block (a failed save's, say) is the one to report, not its echo here
     finally:
-      logging.getLogger("absl").removeFilter(self._quiet_disk_full)
-      # After a failed save, abandoned writes keep completing: the hook stays.
-      if not self.failed and sys.unraisablehook == self._quiet_abandoned_writes:
+      logging.getLogger("absl").removeFilter(self._quiet_reported)
+      # After a failed or interrupted save, abandoned writes keep completing: the hook stays.
+      interrupted = error_type is not None and issubclass(error_type, KeyboardInterrupt)
+      if not (self.failed or interrupted) and sys.unraisablehook == self._quiet_abandoned_writes:
         sys.unraisablehook = self._previous_hook
 
-  def _quiet_disk_full(self, record: logging.LogRecord) -> bool:
-    """absl's log filter while open: drops Orbax's background-thread records (a traceback each, dozens per failed
-    save) about a full disk, which `save` and `wait` report in one line naming the folder and the fix."""
+  def _quiet_reported(self, record: logging.LogRecord) -> bool:
+    """absl's log filter while open: drops Orbax's records (a traceback each, dozens per failed save) about a full
+    disk, which `save` and `wait` report in one line naming the folder and the fix, and about a Ctrl-C that
+    interrupted a save, which the command reports in one line."""
     error = record.exc_info[1] if record.exc_info else None
-    return not (is_disk_full(error) or "No space left on device" in record.getMessage())
+    return not (is_disk_full(error) or isinstance(error, KeyboardInterrupt)
+                or "No space left on device" in record.getMessage())
 
   def _quiet_abandoned_writes(self, unraisable) -> None:
-    """`sys.unraisablehook` while open: drops the "Event loop is closed" RuntimeErrors of a failed async save (the
-    first write that fails ends Orbax's event loop while its sibling TensorStore writes are in flight, and each of
-    those, when it completes, fails to reach the closed loop and is printed as a traceback: dozens per save). The
-    failure itself is reported by `save` and `wait`; anything else goes to the previous hook."""
+    """`sys.unraisablehook` while open: drops the "Event loop is closed" RuntimeErrors of a failed or interrupted
+    async save (the first write that fails, or a Ctrl-C, ends Orbax's event loop while its sibling TensorStore writes
+    are in flight, and each of those, when it completes, fails to reach the closed loop and is printed as a
+    traceback: dozens per save). The failure itself is reported by `save` and `wait`, a Ctrl-C by the command;
+    anything else goes to the previous hook."""
     error = unraisable.exc_value
     if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
       self._previous_hook(unraisable)
@@ -158,23 +163,25 @@ class Checkpoints:
     steps = [only] if only is not None else list(reversed(self.all_steps()))
     while steps:
       step = steps.pop(0)
-      self.check_compatible(step, abstract, config, allow_settings_change)
-      try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=self._state_args(step, abstract), data=ocp.args.JsonRestore()))
-        data_state, record = unwrap_data(restored.data)
-      except Exception as error:  # after the structure check, a failure means damaged or missing files
-        problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-      else:
-        if record is not None:  # the record beside the data is the one to trust: its settings are checked too
-          self._records[step] = record
-          if "model" in record and config is not None and not allow_settings_change:
-            check_same_function(record["model"], config["model"], f"{self.directory} step {step}")
+      restored, problem = None, self._records_disagree(step)
+      if problem is None:
+        self.check_compatible(step, abstract, config, allow_settings_change)
         try:
-          problem = self._verify(step, restored.state, data_state, current=record is not None,
-                                 allow_unverified=allow_unverified, hint=config is not None)
-        except Exception as error:
+          restored = self.manager.restore(step, args=ocp.args.Composite(
+              state=self._state_args(step, abstract), data=ocp.args.JsonRestore()))
+          data_state, record = unwrap_data(restored.data)
+        except Exception as error:  # after the structure check, a failure means damaged or missing files
           problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        else:
+          if record is not None:  # the record beside the data is the one to trust: its settings are checked too
+            self._records[step] = record
+            if "model" in record and config is not None and not allow_settings_change:
+              check_same_function(record["model"], config["model"], f"{self.directory} step {step}")
+          try:
+            problem = self._verify(step, restored.state, data_state, current=record is not None,
+                                   allow_unverified=allow_unverified, hint=config is not None)
+          except Exception as error:
+            problem = f"is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
       if problem and only is not None:
         raise TrainError(f"checkpoint step {step} under {self.directory} {problem}; pass another step (it holds "
                          f"steps {', '.join(map(str, self.all_steps()))}).")
@@ -215,6 +222,25 @@ class Checkpoints:
       self._records[step] = self.manager.metadata(step).custom_metadata or {}
     return self._records[step]
 
+  def _records_disagree(self, step: int) -> str | None:
+    """Reads checkpoint `step`'s record: the one beside its data position (format 2; Orbax's metadata holds a copy),
+    else Orbax's. Returns what is wrong when both exist and differ (one was altered after saving), else None and
+    the record to trust is `record(step)`."""
+    self._records.pop(step, None)
+    try:
+      _, beside = unwrap_data(self.manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data)
+      copy = self.record(step)
+    except Exception:
+      return None  # unreadable: the whole restore reports it
+    self._records[step] = copy if beside is None else beside
+    if not (beside and copy) or beside == copy:
+      return None
+    models = [record.get("model") if isinstance(record.get("model"), dict) else {} for record in (beside, copy)]
+    differ = sorted(f"model.{k}" for k in models[0].keys() | models[1].keys() if models[0].get(k) != models[1].get(k))
+    differ += sorted(k for k in beside.keys() | copy.keys() if k != "model" and beside.get(k) != copy.get(k))
+    return (f"holds two records that disagree (data/metadata and _CHECKPOINT_METADATA differ in "
+            f"{', '.join(differ[:4]) or 'their layout'}), so one was altered after saving and neither can be trusted")
+
   def _verify(self, step: int, state, data_state, current: bool = False, allow_unverified: bool = False,
               hint: bool = True) -> str | None:
     """None if the restored state (or {'params': params}) and data position are what was saved; else what is wrong
@@ -223,16 +249,16 @@ class Checkpoints:
     if not isinstance(data_state, dict) or not data_state:
       return f"holds no data-iterator position ({data_state!r}), so the data would silently restart"
     record = self.record(step)
-    if current and not ("fingerprints" in record and "model" in record):
+    if "fingerprints" not in record or (current and "model" not in record):
+      what = ("records no fingerprints or settings beside its data" if current else
+              "records no fingerprints: its data position has the layout of checkpoint format 1 and Orbax's "
+              "_CHECKPOINT_METADATA holds none (saved by an hourglass_jax before fingerprints, or its record was "
+              "rewritten or deleted)")
       if not allow_unverified:
-        return ("records no fingerprints or settings beside its data, so it cannot be verified"
+        return (f"{what}, so it cannot be verified"
                 + (f" (to load it anyway, unverified, add {UNVERIFIED_OVERRIDE})" if hint else ""))
-      self.log(f"checkpoint step {step} under {self.directory} records no fingerprints or settings; restored "
-               f"without verifying it ({UNVERIFIED_OVERRIDE}).")
-      return None
-    if "fingerprints" not in record:  # saved by hourglass_jax before fingerprints (format 1)
-      self.log(f"checkpoint step {step} under {self.directory} records no fingerprints (saved by an older "
-               "hourglass_jax); restored without verifying it.")
+      self.log(f"checkpoint step {step} under {self.directory} {what}; restored without verifying it "
+               f"({UNVERIFIED_OVERRIDE}).")
       return None
     saved = record["fingerprints"]
     if not isinstance(state, TrainState):  # the params alone

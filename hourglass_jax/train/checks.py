@@ -8,6 +8,7 @@ import ml_collections
 
 from hourglass_jax.config.base import base_config
 from hourglass_jax.data.sources import check_data_config
+from hourglass_jax.model.hourglass.dynamic_level import check_segments_in_window
 
 SCHEDULES = ("cosine", "rsqrt", "constant")
 
@@ -125,3 +126,9 @@ def check_train_windows(data_cfg: ml_collections.ConfigDict, windows: int) -> No
                      f"= {data_cfg.seq_len + 1} tokens each), fewer than one batch of data.batch_size="
                      f"{data_cfg.batch_size}; lower data.batch_size, data.train_stride or data.seq_len, or use a "
                      "larger corpus.")
+
+
+def check_window(model_cfg, seq_len: int) -> None:
+  """A dynamic model whose segments are longer than the window (they would never close in it)."""
+  if model_cfg.dynamic:
+    check_segments_in_window(model_cfg, seq_len)

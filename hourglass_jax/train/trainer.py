@@ -26,6 +26,7 @@ class Evaluator:
     self.cfg, self.mesh = cfg, mesh
     self.model = build_model(model_cfg or ModelConfig.from_dict(cfg.model))
     checks.check_config(cfg, cfg.model.vocab_size)
+    checks.check_window(self.model.cfg, cfg.data.seq_len)
     self.rules = sharding.logical_rules(cfg.mesh)
     self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
     checks.check_batch_split(cfg, sharding.batch_parallelism(mesh, self.rules), jax.process_count())

@@ -8,9 +8,11 @@ hourglass-sample) take no lock. On a gs:// workdir the check and the write are t
 create: two runs started within the same second could both pass.
 """
 
+import contextlib
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 
@@ -127,10 +129,18 @@ class WorkdirLock:
       except OSError:  # a full disk: leave no empty lock behind
         os.unlink(self.path)
         raise
-    else:  # a heartbeat: write beside, then rename, so a reader never sees a half-written record
-      partial = self.path.parent / f"{self.path.name}.{os.getpid()}.tmp"
-      partial.write_text(text)
-      os.replace(partial, self.path)
+    else:  # a heartbeat: write beside, then rename, so a reader never sees a half-written record. mkstemp creates
+      # a new file (O_EXCL) under an unpredictable name: never one planted there, nor a link's target.
+      fd, partial = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+      try:
+        with os.fdopen(fd, "w") as f:
+          f.write(text)
+        os.chmod(partial, 0o644)
+        os.replace(partial, self.path)
+      except BaseException:
+        with contextlib.suppress(OSError):
+          os.unlink(partial)
+        raise
 
   def _is_ours(self, holder: dict) -> bool:
     return all(holder.get(k) == self._record[k] for k in ("host", "pid", "started"))

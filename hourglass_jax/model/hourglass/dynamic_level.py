@@ -96,6 +96,50 @@ def check_dynamic_settings(s, prefix: str) -> None:
     raise ValueError(f"{prefix}segment_capacity={s.segment_capacity!r} must be a finite number > 0.")
   if not 0 <= float(s.boundary_loss_weight) < math.inf:
     raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be a finite number >= 0.")
+  check_segments_fit(s, prefix)
+
+
+def check_segments_fit(s, prefix: str) -> None:
+  """Refuses a level whose predictor fixes its segments' length N (every<N>) shorter than the level's factor k
+  allows: its segment_capacity x L/k slots cannot hold L/N segments, and the positions past them would all share
+  the merged tail. `s`: a DynamicShorten (one level, its `factor`) or a ModelConfig (each level of its hierarchy)."""
+  levels = [(s.boundaries, s.factor)] if hasattr(s, "factor") else _levels(s, prefix)
+  for level, (name, factor) in enumerate(levels, start=1):
+    length = _segment_length(name)
+    if length and isinstance(factor, int) and length * s.segment_capacity < factor:
+      where = f"level {level}" if len(levels) > 1 else "its level"
+      raise ValueError(f"{prefix}boundaries={s.boundaries!r}: {name!r} closes a segment every {length} positions, "
+                       f"but {where} shortens by {factor}, so its {prefix}segment_capacity={s.segment_capacity!r} x "
+                       f"L/{factor} slots cannot hold the L/{length} segments (the rest would share one merged "
+                       f"segment). Give that level the factor {length}, or raise segment_capacity to "
+                       f">= {factor / length:.3g}.")
+
+
+def check_segments_in_window(cfg, seq_len: int) -> None:
+  """Refuses a dynamic model (ModelConfig) whose segments are longer than the window of `seq_len` positions, so
+  that they never close in it: at each level the length its predictor fixes (every<N>) or else its factor, in all;
+  and one that shortens by more than the window (padded to that many positions)."""
+  levels = _levels(cfg, "model.")
+  span = math.prod(_segment_length(name) or factor for name, factor in levels)
+  needed = max(span, cfg.pad_multiple)
+  if needed > seq_len:
+    what = f"segments of {span:,} positions" if span >= cfg.pad_multiple else f"a shortening by {needed:,}"
+    raise ValueError(f"model.boundaries={cfg.boundaries!r} with model.hierarchy={cfg.hierarchy!r} needs {what}, "
+                     f"longer than a window of data.seq_len={seq_len}: its segments would never close in it. Raise "
+                     f"data.seq_len to >= {needed:,}, or make the segments shorter (a smaller N in every<N>, or "
+                     "smaller factors).")
+
+
+def _levels(cfg, prefix: str) -> list[tuple[str, int]]:
+  """(predictor name, factor) of each shortened level of a ModelConfig, outermost first."""
+  hierarchy = cfg.parsed_hierarchy
+  names = level_predictors(hierarchy, cfg.upsample, cfg.boundaries, prefix)
+  return [(name, hierarchy.relative_factor(i)) for i, name in enumerate(names)]
+
+
+def _segment_length(name: str) -> int | None:
+  cls, named = resolve(name)
+  return cls.segment_length(**named)
 
 
 def level_predictors(hierarchy, upsample: str, boundaries: str, prefix: str = "model.") -> tuple[str, ...]:

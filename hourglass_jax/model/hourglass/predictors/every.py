@@ -7,6 +7,9 @@ import jax.numpy as jnp
 from hourglass_jax.model.hourglass.predictors.base import BoundaryPredictor, Decision, register
 
 
+MAX_COUNT = 2**20  # positions a segment may span: beyond any window this library trains on
+
+
 @register
 class Every(BoundaryPredictor):
   """b_t = 1 where (t + 1) % N == 0, t the position's absolute entry in the level's stream (`positions_L`, so
@@ -22,8 +25,10 @@ class Every(BoundaryPredictor):
   @classmethod
   def parse(cls, name: str) -> dict | None:
     match = re.fullmatch(r"every([0-9]+)", name)
-    if match and int(match.group(1)) < 2:
-      raise ValueError(f"boundaries {name!r}: every<N> closes a segment after N positions, N >= 2 (e.g. 'every2').")
+    if match and not 2 <= int(match.group(1)) <= MAX_COUNT:
+      raise ValueError(f"boundaries {name!r}: every<N> closes a segment after N positions, 2 <= N <= {MAX_COUNT:,} "
+                       f"(a segment longer than the window never closes), got N={int(match.group(1)):,}; e.g. "
+                       "'every2'.")
     return {"count": int(match.group(1))} if match else None
 
   @classmethod
