@@ -15,7 +15,7 @@ import numpy as np
 
 from hourglass_jax import compile_cache, sharding, xla_options
 from hourglass_jax.model import ModelConfig
-from hourglass_jax.model.decode import sampling
+from hourglass_jax.model.decode import sampling, speculative
 
 
 def byte_prompts(prompt: bytes, num_samples: int, vocab_size: int) -> np.ndarray:
@@ -44,18 +44,21 @@ def texts(prompt: bytes, tokens_NxT: np.ndarray, end_byte: int | None = None) ->
 @dataclasses.dataclass(frozen=True)
 class Generated:
   """tokens: int32 [N, max_new_tokens] (on every process); seconds: running the compiled program;
-  compile_seconds and cache: compiling it, and the persistent compilation cache's hits and misses meanwhile."""
+  compile_seconds and cache: compiling it, and the persistent compilation cache's hits and misses meanwhile;
+  speculation: what speculative decoding did (None without a draft)."""
   tokens: np.ndarray
   seconds: float
   compile_seconds: float
   cache: compile_cache.Counts
+  speculation: speculative.Stats | None = None
 
 
 def generate_on_mesh(params, param_shardings, cfg: ModelConfig, prompts_NxP, mesh: jax.sharding.Mesh, rules, *,
                      max_new_tokens: int, seed: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                     end_token: int | None = None) -> Generated:
+                     end_token: int | None = None, draft=None, draft_params=None, draft_tokens: int = 4) -> Generated:
   """`sampling.generate` for host prompts [N, P] with params sharded as `param_shardings` on `mesh` (`rules`: the
-  logical axis rules, for the batch sharding). Call it on every process with the same arguments."""
+  logical axis rules, for the batch sharding); a draft model's `draft_params` are replicated. Call it on every
+  process with the same arguments."""
   prompts_NxP = np.asarray(prompts_NxP, np.int32)
   if prompts_NxP.ndim != 2 or not prompts_NxP.size:
     raise ValueError(f"prompts must be [samples >= 1, length >= 1], got shape {prompts_NxP.shape}.")
@@ -65,20 +68,29 @@ def generate_on_mesh(params, param_shardings, cfg: ModelConfig, prompts_NxP, mes
   rows = -(-num // parallel) * parallel
   padded = np.concatenate([prompts_NxP, np.repeat(prompts_NxP[-1:], rows - num, axis=0)])
 
-  def run(params, prompt_BxP, rng):
+  speculating = draft is not None
+
+  def run(params, draft_params, prompt_BxP, rng):
     return sampling.generate(params, cfg, prompt_BxP, max_new_tokens=max_new_tokens, rng=rng,
-                             temperature=temperature, top_k=top_k, top_p=top_p, end_token=end_token)
+                             temperature=temperature, top_k=top_k, top_p=top_p, end_token=end_token, draft=draft,
+                             draft_params=draft_params, draft_tokens=draft_tokens, return_stats=speculating)
 
   with jax.set_mesh(mesh):
     lo, hi = sharding.process_rows(batch_sharding, rows, padded.shape[1:])
     prompt_BxP = jax.make_array_from_process_local_data(batch_sharding, padded[lo:hi], padded.shape)
+    draft_params = None if draft_params is None else jax.device_put(draft_params, sharding.replicated(mesh))
     rng = jax.random.key(seed)
     cache, begin = compile_cache.counts(), time.perf_counter()
-    program = jax.jit(run, in_shardings=(param_shardings, batch_sharding, None),
-                      out_shardings=sharding.replicated(mesh)).lower(params, prompt_BxP, rng).compile(
+    program = jax.jit(run, in_shardings=(param_shardings, None, batch_sharding, None),
+                      out_shardings=sharding.replicated(mesh)).lower(params, draft_params, prompt_BxP, rng).compile(
                           xla_options.compiler_options(cfg.dtype, mesh.devices.flat[0].platform))
     compiled, cache = time.perf_counter() - begin, compile_cache.counts() - cache
     begin = time.perf_counter()
-    tokens = sharding.to_host(program(params, prompt_BxP, rng))[:num]
+    out = program(params, draft_params, prompt_BxP, rng)
+    tokens, stats = out if speculating else (out, None)
+    tokens = sharding.to_host(tokens)[:num]
     seconds = time.perf_counter() - begin
-  return Generated(tokens=tokens, seconds=seconds, compile_seconds=compiled, cache=cache)
+  if stats is not None:  # the padding rows' counts dropped
+    stats = sharding.to_host(stats)
+    stats = dataclasses.replace(stats, generated_B=stats.generated_B[:num], kept_B=stats.kept_B[:num])
+  return Generated(tokens=tokens, seconds=seconds, compile_seconds=compiled, cache=cache, speculation=stats)

@@ -13,7 +13,8 @@ import pytest
 
 from hourglass_jax import compile_cache, paths
 from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.model.decode import filters, sampling
+from hourglass_jax.model import decode
+from hourglass_jax.model.decode import drafts, filters, sampling
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
 from tests.helpers import small_config
 
@@ -84,6 +85,43 @@ def test_generate_refuses_what_the_cli_refuses(settings, message):
   cfg = small_config()
   with pytest.raises(ValueError, match=message):
     sampling.generate({}, cfg, np.zeros((1, 2), np.int32), max_new_tokens=2, rng=0, **settings)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(rng="abc"), r"rng='abc' must be a PRNG key \(e.g. jax.random.key\(0\)\) or an integer seed in \[0, 2\*\*63\)"),
+    (dict(rng=None), r"rng=None must be a PRNG key"),
+    (dict(rng=2 ** 70), r"rng=1180591620717411303424 must be a PRNG key .* seed in \[0, 2\*\*63\)"),
+    (dict(max_new_tokens=True), r"max_new_tokens=True must be an integer in \[1, "),
+    (dict(max_new_tokens=0), r"max_new_tokens=0 must be an integer in \[1, "),
+    (dict(max_new_tokens=10 ** 9), r"max_new_tokens: a decoding cache for 1 sequences of 1,000,000,000 tokens needs "
+                                   r"[0-9,.]+ GiB, more than this host's memory"),
+    (dict(end_token=1.5), r"end_token=1.5 must be an integer in \[0, 49\]"),
+    (dict(end_token=50), r"end_token=50 must be an integer in \[0, 49\]"),
+    (dict(params=None), r"params is None; pass the model's params"),
+    (dict(draft="model"), r"draft='model' is not a draft name; use one of ngram, or drafts.Model\(cfg\)"),
+    (dict(draft="ngram", draft_tokens=0), r"draft_tokens=0 must be an integer in \[1, 64\]"),
+    (dict(draft="ngram", draft_tokens=65), r"draft_tokens=65 must be an integer in \[1, 64\]"),
+    (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be a number in \[0, draft_tokens \+ 1 = 5\]"),
+    (dict(draft=drafts.Model(small_config(vocab_size=60)), draft_params={}),
+     r"the draft model's vocab_size=60 differs from the target's 50"),
+    (dict(return_stats=True), r"return_stats=True reports speculative decoding; pass a draft"),
+])
+def test_generate_names_the_argument_at_fault(settings, message):
+  """Issue 55 and 53: every argument of generate is checked up front, with its valid range."""
+  arguments = dict(params={}, max_new_tokens=2, rng=0) | settings
+  with pytest.raises(ValueError, match=message):
+    sampling.generate(arguments.pop("params"), small_config(), np.zeros((1, 1), np.int32), **arguments)
+
+
+def test_generate_takes_numpy_integers_and_init_cache_refuses_a_cache_beyond_memory():
+  cfg = small_config(kind="vanilla", hierarchy="1@1")
+  params = build_model(cfg).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))
+  out = sampling.generate(params, cfg, np.zeros((1, 2), np.int32), max_new_tokens=np.int64(3), rng=np.int32(1),
+                          end_token=np.int64(7))
+  assert out.shape == (1, 3)
+  with pytest.raises(ValueError, match=r"max_len: a decoding cache for 2 sequences of 1,000,000,000,000 tokens "
+                                       r"needs [0-9,.]+ GiB, more than this host's memory"):
+    decode.init_cache(cfg, 2, 10 ** 12)
 
 
 def test_top_k_filter_refuses_a_negative_k():

@@ -14,10 +14,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from hourglass_jax import compile_cache, generation, paths, sharding
+from hourglass_jax import compile_cache, generation, paths, sharding, weights
 from hourglass_jax.data import sources
-from hourglass_jax.model import ModelConfig, build_model
-from hourglass_jax.train.checkpoint import read_params
+from hourglass_jax.model import ModelConfig, build_model, decode
+from hourglass_jax.model.decode import drafts, sampling
+from hourglass_jax.train.checkpoint import NoCheckpointError, read_params
 from hourglass_jax.train.state import make_init_fn, state_layout
 
 
@@ -26,7 +27,9 @@ class SampleOptions:
   """What to sample. prompt: bytes (text); prompt_rows: image rows given from real images of `split` (0 = from
   scratch); max_new_tokens None: as many as fit in max_len, at most 256 (text), the rest of the image (images);
   max_len: the longest context to decode, None = data.seq_len (the trained one); end_byte: stop a text sample
-  after this byte (None = never); output: the PNG path for images (None = WORKDIR/samples/images_stepN.png)."""
+  after this byte (None = never); output: the PNG path for images (None = WORKDIR/samples/images_stepN.png);
+  draft: speculative decoding's draft, 'ngram' or the workdir or export of a smaller model with the same
+  vocabulary (None = plain decoding), proposing draft_tokens tokens per pass."""
   prompt: bytes = b""
   num_samples: int = 4
   max_new_tokens: int | None = None
@@ -39,6 +42,8 @@ class SampleOptions:
   split: str | None = None
   max_len: int | None = None
   output: str | None = None
+  draft: str | None = None
+  draft_tokens: int = 4
 
 
 SEEDS = (-2**63, 2**63)  # jax.random.key takes a 64-bit integer
@@ -60,6 +65,8 @@ def check_options(options: SampleOptions, vocab_size: int) -> None:
       ("top_p", options.top_p, 0 < options.top_p <= 1, "must be in (0, 1] (1 = all tokens)"),
       ("end_byte", options.end_byte, options.end_byte is None or 0 <= options.end_byte < vocab_size,
        f"is outside the vocabulary 0..{vocab_size - 1}"),
+      ("draft_tokens", options.draft_tokens, 1 <= options.draft_tokens <= sampling.MAX_DRAFT_TOKENS,
+       f"must be in 1..{sampling.MAX_DRAFT_TOKENS} (proposals per pass; 4-8 is typical)"),
   )
   for name, value, fine, rule in problems:
     if not fine:
@@ -69,21 +76,45 @@ def check_options(options: SampleOptions, vocab_size: int) -> None:
 def check_memory(model_cfg: ModelConfig, num_samples: int, max_len: int) -> None:
   """Refuses `num_samples` whose decoding caches of `max_len` tokens alone exceed the memory of all the devices
   (the host's, on the CPU), before anything is restored or compiled: it would end in an out-of-memory error."""
-  from hourglass_jax.model.decode import padded_length  # pylint: disable=import-outside-toplevel
-  from hourglass_jax.model.lm import build_body  # pylint: disable=import-outside-toplevel
-  from hourglass_jax.train.metrics import device_memory_limit  # pylint: disable=import-outside-toplevel
-
-  cache = jax.eval_shape(lambda: build_body(model_cfg).new_cache(1, padded_length(model_cfg, max_len),
-                                                                  model_cfg.d_model))
-  per_row = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache)) + 4 * max_len
-  limit = device_memory_limit()
-  limit, where = ((limit * jax.device_count(), f"the {jax.device_count()} devices")
-                  if limit else (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the host's memory"))
+  per_row = decode.cache_bytes(model_cfg, 1, max_len) + 4 * max_len
+  limit, what = decode.memory_limit()
+  if jax.default_backend() != "cpu":
+    limit, what = limit * jax.device_count(), f"the {jax.device_count()} devices"
   if num_samples * per_row > limit:
     raise ValueError(f"num_samples={num_samples:,} needs about {num_samples * per_row / 2**30:,.1f} GiB for its "
                      f"decoding caches alone ({per_row / 2**20:,.2f} MiB per sample at max_len={max_len:,}), more "
-                     f"than the {limit / 2**30:,.1f} GiB of {where}; lower --num_samples to at most "
+                     f"than the {limit / 2**30:,.1f} GiB of {what}; lower --num_samples to at most "
                      f"{limit // per_row:,} (and sample again for more), or --max_len.")
+
+
+def load_draft(spec: str | None, target: ModelConfig, log=print):
+  """(Draft, its params) for --draft: None (plain decoding), 'ngram', or the folder of a smaller model: an export
+  (config.json + model.safetensors) or a hourglass-train workdir (its newest checkpoint, read-only)."""
+  if spec is None:
+    return None, None
+  if spec in drafts.DRAFTS and spec != "model":
+    return drafts.DRAFTS[spec](), None
+  folder = paths.as_path(spec)
+  if (folder / weights.CARD_FILE).exists() or spec.endswith(".safetensors"):
+    model, params = weights.load_params(spec)
+    draft_cfg = model.cfg
+  elif (folder / "checkpoints").is_dir():
+    try:
+      params, step, record = read_params(spec, None, log=lambda message: None)
+    except NoCheckpointError as error:
+      raise ValueError(f"--draft={spec}: {error}") from None
+    if "model" not in record:
+      raise ValueError(f"--draft={spec}: checkpoint step {step} records no model config; export the draft with "
+                       "hourglass-export and pass the export folder.")
+    draft_cfg = ModelConfig.from_dict(record["model"])
+  else:
+    raise ValueError(f"--draft={spec} is neither a draft name ({', '.join(n for n in drafts.DRAFTS if n != 'model')}) "
+                     "nor an export folder (config.json + model.safetensors) nor a hourglass-train workdir (with "
+                     "checkpoints/); pass one of those.")
+  draft = drafts.Model(draft_cfg)
+  draft.check(target, params)
+  log(f"draft: {spec} ({draft_cfg.kind} {draft_cfg.hierarchy}, d_model {draft_cfg.d_model})")
+  return draft, params
 
 
 def read_prompt_file(path: str, max_len: int) -> bytes:
@@ -185,6 +216,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   image_size = None if shape is None else int(np.prod(shape))
   check_kind_options(options, shape is not None, cfg.data.name)
   check_memory(model_cfg, options.num_samples, options.max_len or cfg.data.seq_len)
+  draft, draft_params = load_draft(options.draft, model_cfg, log)
   if shape is None:
     prompts, originals = generation.byte_prompts(options.prompt, options.num_samples, cfg.model.vocab_size), None
   else:
@@ -199,16 +231,29 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   generated = generation.generate_on_mesh(
       params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
       seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
-      end_token=options.end_byte if shape is None else None)
+      end_token=options.end_byte if shape is None else None, draft=draft, draft_params=draft_params,
+      draft_tokens=options.draft_tokens)
   tokens, seconds, compiled = generated.tokens, generated.seconds, generated.compile_seconds
   log(f"step {step}: {options.num_samples} samples x {new} tokens in {seconds:.2f}s "
       f"({options.num_samples * new / seconds:,.0f} tokens/s with the KV cache; compiled in {compiled:.1f}s, "
       f"{compile_cache.describe(generated.cache)})")
+  if generated.speculation is not None:
+    log(speculation_line(generated.speculation, options))
   result = dict(step=step, tokens=tokens, seconds=seconds)
   if shape is None:
     result["texts"] = generation.texts(options.prompt, tokens, options.end_byte)
     return result
   return dict(result, **_write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log))
+
+
+def speculation_line(stats, options: SampleOptions) -> str:
+  """What speculative decoding did, in one line."""
+  fell = int(stats.fell_back_at)
+  end = (f"; below {sampling.FALLBACK_BELOW} tokens per pass, it fell back to plain decoding after {fell} passes"
+         if fell >= 0 else "")
+  return (f"speculative decoding ({options.draft}, {options.draft_tokens} proposals per pass): "
+          f"{stats.tokens_per_pass:.2f} tokens per pass of the model, {int(stats.kept_B.sum()):,} proposals kept "
+          f"over {int(stats.passes):,} passes{end}")
 
 
 def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log) -> dict:

@@ -27,6 +27,7 @@ SAMPLE = f"""hourglass-sample: generates from the workdir's newest checkpoint wi
 
 Example:
   .venv/bin/hourglass-sample --config=configs/default.py --workdir=workdirs/default --prompt='def ' --temperature=0.7
+  .venv/bin/hourglass-sample ... --draft=ngram --temperature=0    (speculative: the same samples, faster)
 
 {_CONFIG_OVERRIDES}"""
 
@@ -52,7 +53,8 @@ _RUNTIME = ("compilation_cache", "host_malloc")
 TRAIN_FLAGS = ("config", "workdir", *_RUNTIME, *_DISTRIBUTED)
 EVAL_FLAGS = ("config", "workdir", "split", *_RUNTIME, *_DISTRIBUTED)
 SAMPLE_FLAGS = ("config", "workdir", "split", "prompt", "prompt_file", "num_samples", "max_new_tokens", "temperature",
-                "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", *_RUNTIME, *_DISTRIBUTED)
+                "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", "draft", "draft_tokens",
+                *_RUNTIME, *_DISTRIBUTED)
 DATA_FLAGS = ("data_dir", "manual_dir")
 EXPORT_FLAGS = ("workdir", "output", "step", "dtype", *_RUNTIME)
 BOUNDARIES_FLAGS = ("weights", "text", "gumbel_evaluation")

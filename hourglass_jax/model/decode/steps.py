@@ -48,21 +48,31 @@ def max_len_for(cfg: ModelConfig, needed: int) -> int:
   return needed
 
 
-def _memory_bytes() -> tuple[int, str]:
-  """(bytes, what) a cache may take: the first device's memory limit, or the host's physical memory on a CPU."""
-  stats = jax.devices()[0].memory_stats() or {}
+def memory_limit() -> tuple[int, str]:
+  """(bytes, what) a device holds: the first local device's memory limit, or the host's physical memory where the
+  backend reports none (the CPU)."""
+  device = jax.local_devices()[0]
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # backends without memory stats raise or return None
+    stats = {}
   if "bytes_limit" in stats:
-    return stats["bytes_limit"], f"{jax.devices()[0].device_kind}'s memory"
+    return stats["bytes_limit"], f"a {device.device_kind}'s memory"
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
+
+
+def cache_bytes(cfg: ModelConfig, batch: int, max_len: int) -> int:
+  """Bytes of a decoding cache for `batch` sequences of `max_len` tokens (computed from shapes: nothing is
+  allocated)."""
+  body = build_body(cfg)
+  shapes = jax.eval_shape(lambda: body.new_cache(batch, padded_length(cfg, max_len), cfg.d_model))
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
 
 
 def check_cache_fits(cfg: ModelConfig, batch: int, max_len: int, name: str = "max_len") -> None:
   """Raises ValueError, naming `name` (what sets max_len) and the fix, when a cache for `batch` sequences of
   `max_len` tokens would not fit the device (before anything is allocated or compiled)."""
-  body = build_body(cfg)
-  shapes = jax.eval_shape(lambda: body.new_cache(batch, padded_length(cfg, max_len), cfg.d_model))
-  need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
-  have, what = _memory_bytes()
+  need, (have, what) = cache_bytes(cfg, batch, max_len), memory_limit()
   if need > have:
     raise ValueError(f"{name}: a decoding cache for {batch} sequences of {max_len:,} tokens needs "
                      f"{need / 2 ** 30:,.1f} GiB, more than {what} ({have / 2 ** 30:,.1f} GiB); ask for fewer tokens "
