@@ -63,8 +63,8 @@ def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> 
   if np.ndim(position) or not jnp.issubdtype(jnp.result_type(position), jnp.integer):
     raise ValueError(f"Hourglass: position={position!r} must be an integer scalar (the entry of x's first row).")
   if is_checkable(position) and not (0 <= int(position) and int(position) + shape[1] <= size):
-    raise ValueError(f"Hourglass: {shape[1]} rows from entry {int(position)} do not fit the cache, which holds "
-                     f"entries [0, {size}); make the cache with new_cache(batch, length) for a larger length.")
+    raise ValueError(f"Hourglass: position={int(position)} is outside the cache for {shape[1]} row(s) from it: it "
+                     f"holds entries [0, {size}); make the cache with new_cache(batch, length) for a larger length.")
   return size
 
 
