@@ -33,8 +33,9 @@ def test_each_predictor_keeps_its_parameter_paths_and_decodes_with_its_own_state
           if "shorten" in path}
   assert flat == {**POOL, **PARAMS[predictor]}
   params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  segment = decode.init_cache(cfg, 2, 12, params)["state"]["segment"]
-  assert set(segment) == {"sum", "size", "completed"} | STATE[predictor]
+  state = decode.init_cache(cfg, 2, 12, params)["state"]["state"]  # after each of the 12 positions
+  assert set(state) == {"sum", "size", "completed"} | STATE[predictor]
+  assert all(leaf.shape[:2] == (2, 12) for leaf in state.values())
 
 
 def test_the_registry_lists_every_predictor_in_order_and_names_the_choices():
