@@ -18,7 +18,7 @@ whole run at --budget_s (what is left over is recorded as skipped, never silentl
      a vanilla stack of equal depth, the flash kernel's untuned block sizes);
   4. cached decoding tokens/s of the enwik8 model at batch 1, 16 and 128 (measured between the presets and the
      ablations: asked for first);
-  5. speculative decoding at batch 1 and 16: a hook for issue 53 (recorded as not measured until it exists);
+  5. speculative decoding at batch 1 and 16: plain against the n-gram draft (benchmarks/speculative.py);
   6. with --full_tests, every GPU-marked test not marked slow, group by group.
 
 Writes results/device_<device>.json (appended) and results/device_<device>.md (benchmarks/device_summary.py).
@@ -391,15 +391,11 @@ def measure_decode(args, clock: Clock, programs: Programs) -> list[dict]:
 
 
 def measure_speculative(args, clock: Clock) -> list[dict]:
-  """HOOK for issue 53 (speculative decoding, the lead's): tokens/s of the enwik8 model at batch 1 and 16 with
-  its draft. It calls `benchmarks/speculative_decode.py`'s `battery_rows(batches, dry_run, seconds_left)` when that
-  module exists; until then each row says it is not measured."""
-  try:
-    from benchmarks import speculative_decode
-  except ImportError:
-    return [dict(batch=b, skipped="not measured: speculative decoding has no benchmark yet (issue 53)")
-            for b in SPECULATIVE_BATCHES]
-  return speculative_decode.battery_rows(SPECULATIVE_BATCHES, args.dry_run, clock.left())
+  """Speculative decoding of the decoding model at batch 1 and 16, plain against the n-gram draft
+  (benchmarks/speculative.py's `battery_rows`)."""
+  from benchmarks import speculative
+
+  return speculative.battery_rows(decode_config(args.dry_run), SPECULATIVE_BATCHES, args.dry_run, clock.left())
 
 
 def _short(row: dict) -> str:

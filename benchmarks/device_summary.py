@@ -53,8 +53,11 @@ def summary_markdown(results) -> str:
               for r in decode]
   speculative = record.get("speculative") or []
   if speculative:
-    lines += ["", "| speculative decoding batch | tokens/s | acceptance |", "|---|---|---|"]
-    lines += [f"| {r['batch']} | {_rate(r)} | {r.get('acceptance', '-')} |" for r in speculative]
+    lines += ["", "| speculative decoding batch (n-gram draft) | tokens/s | tokens per pass, speed-up | pass / step |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {_rate(r)} | {r.get('acceptance', '-')} | "
+              f"{r['pass_over_step']:.2f} |" if "pass_over_step" in r else
+              f"| {r['batch']} | {_rate(r)} | {r.get('acceptance', '-')} | - |" for r in speculative]
   return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from benchmarks import common, dynamic_decode, dynamic_step, learning, peer_compare, shortening_study, throughput
+from benchmarks import (common, dynamic_decode, dynamic_step, learning, peer_compare, shortening_study, speculative,
+                        throughput)
 from benchmarks.peer_compare import Worker
 from hourglass_jax import host_memory
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
@@ -53,6 +54,20 @@ def test_dynamic_decode_benchmark_matches_the_gumbel_rate_and_times_each_predict
   assert rows["dynamic_whitespace_batch2"]["center_steps"] >= rows["dynamic_whitespace_batch2"]["boundary_rate"]
   assert all(row["tokens_per_s"] > 0 for row in rows.values())
   assert json.loads((tmp_path / "dynamic_decode.json").read_text())[-1]["load_during"]
+
+
+@pytest.mark.slow
+def test_speculative_benchmark_trains_its_runs_and_times_plain_against_each_draft(tmp_path):
+  record = speculative.main(["--workdirs", str(tmp_path / "runs"), "--steps", "2", "--prose", "", "--batches", "2",
+                             "--temperatures", "0", "--new_tokens", "6", "--prompt_bytes", "4", "--rounds", "1",
+                             "--seq_len", "16", "--model", TINY + ",hierarchy=1@1 1@2 1@1", "--draft_model",
+                             "d_model=16", "--results", str(tmp_path)])
+  (row,) = record["rows"]
+  assert row["corpus"] == "code" and row["plain_tokens_per_s"] > 0
+  for draft in ("ngram", "model"):
+    assert row[draft]["same_tokens_as_plain"] and 1 <= row[draft]["tokens_per_pass"] <= 5 and row[draft]["speedup"] > 0
+  assert "| code | 2 | 0 |" in (tmp_path / "speculative.md").read_text()
+  assert (tmp_path / "runs" / "code_draft" / "checkpoints").is_dir()
 
 
 def test_equal_flop_budget_gives_the_cheaper_model_more_steps():
