@@ -226,88 +226,97 @@ def block_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_TxS=None, bias=None, *
   return _attention_fn(plan, table, rate, (b, heads))(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, source, seeds)
 
 
-def _attention_fn(plan: BlockPlan, table, rate, bn):
-  """A custom-VJP attention (q, k, v, bias source, dropout seeds [R, G] or None) closed over the static plan,
-  relative-bias table and dropout rate. It closes over numpy only: a jax array made here would be a tracer of the
-  caller's trace (e.g. flax's nn.scan) leaking into the backward."""
-  bq, bk, nq, nk = plan.bq, plan.bk, plan.nq, plan.nk
-  pair_ids = plan.q_blocks * nk + plan.k_blocks
-  visible = None if plan.empty_rows is None else np.append(~plan.empty_rows, np.zeros(bq, bool))
+class _Rounds:
+  """The static parts of one block attention (the plan, the relative-bias table, the dropout rate, (B, N)) and
+  what its forward and backward scans compute per round. It holds numpy only: a jax array made here would be a
+  tracer of the caller's trace (e.g. flax's nn.scan) leaking into the backward."""
 
-  def flat_index(pid):
-    patterns, pattern_of, offset_of = table
+  def __init__(self, plan: BlockPlan, table, rate: float, bn):
+    self.plan, self.table, self.rate, self.bn = plan, table, rate, bn
+    self.pair_ids = plan.q_blocks * plan.nk + plan.k_blocks
+    self.visible = None if plan.empty_rows is None else np.append(~plan.empty_rows, np.zeros(plan.bq, bool))
+
+  def rounds(self, seeds):
+    plan = self.plan
+    return plan.q_blocks, plan.k_blocks, plan.mask_ids, self.pair_ids, seeds
+
+  def flat_index(self, pid):
+    patterns, pattern_of, offset_of = self.table
     return jnp.asarray(patterns)[jnp.asarray(pattern_of)[pid]] + jnp.asarray(offset_of)[pid][:, None, None]
 
-  def logits(x, q5, k5, source):
+  def logits(self, x, q5, k5, source):
     """Scaled, biased, masked logits [G, B, N, bq, bk] of one round."""
     qi, kj, mid, pid, _ = x
     s = jnp.einsum("gbnqh,gbnkh->gbnqk", q5[qi], k5[kj], preferred_element_type=jnp.float32)
     s = s * (q5.shape[-1] ** -0.5)
-    if source is not None and table is None:
+    if source is not None and self.table is None:
       s = s + source[pid].astype(jnp.float32)
     elif source is not None:
-      s = s + jnp.moveaxis(jnp.take(source, flat_index(pid), axis=-1), 2, 0).astype(jnp.float32)
-    return jnp.where(jnp.asarray(plan.masks)[mid][:, None, None], s, _MIN)
+      s = s + jnp.moveaxis(jnp.take(source, self.flat_index(pid), axis=-1), 2, 0).astype(jnp.float32)
+    return jnp.where(jnp.asarray(self.plan.masks)[mid][:, None, None], s, _MIN)
 
-  def keep_scale(seeds_G):
-    return _keep(seeds_G, rate, *bn, bq, bk) / (1.0 - rate) if rate else None
+  def keep_scale(self, seeds_G):
+    plan = self.plan
+    return _keep(seeds_G, self.rate, *self.bn, plan.bq, plan.bk) / (1.0 - self.rate) if self.rate else None
 
-  def forward(q, k, v, source, seeds):
-    xs = (plan.q_blocks, plan.k_blocks, plan.mask_ids, pair_ids, seeds)
-    q5, k5, v5 = _blocks(q, nq, bq, spare=True), _blocks(k, nk, bk), _blocks(v, nk, bk)
+  def blocks(self, q, k, v):
+    plan = self.plan
+    return _blocks(q, plan.nq, plan.bq, spare=True), _blocks(k, plan.nk, plan.bk), _blocks(v, plan.nk, plan.bk)
+
+  def forward(self, q, k, v, source, seeds):
+    """(out, log-sum-exp per query): an online softmax over the visible blocks, round by round."""
+    plan, bn = self.plan, self.bn
+    q5, k5, v5 = self.blocks(q, k, v)
 
     def step(carry, x):
       m, l, acc = carry
       qi, kj, _, pid, seed = x
-      s = logits(x, q5, k5, source)
+      s = self.logits(x, q5, k5, source)
       m_old = m[qi]
       m_new = jnp.maximum(m_old, s.max(-1))
       p = jnp.exp(s - m_new[..., None])
       alpha = jnp.exp(m_old - m_new)
-      z = keep_scale(seed)
+      z = self.keep_scale(seed)
       pv = jnp.einsum("gbnqk,gbnkh->gbnqh", (p if z is None else p * z).astype(v.dtype), v5[kj],
                       preferred_element_type=jnp.float32)
       return (m.at[qi].set(m_new), l.at[qi].set(alpha * l[qi] + p.sum(-1)),
               acc.at[qi].set(alpha[..., None] * acc[qi] + pv)), None
 
-    init = (jnp.full((nq + 1, *bn, bq), _MIN, jnp.float32), jnp.zeros((nq + 1, *bn, bq), jnp.float32),
-            jnp.zeros((nq + 1, *bn, bq, v.shape[-1]), jnp.float32))
-    (m, l, acc), _ = jax.lax.scan(step, init, xs)
+    init = (jnp.full((plan.nq + 1, *bn, plan.bq), _MIN, jnp.float32),
+            jnp.zeros((plan.nq + 1, *bn, plan.bq), jnp.float32),
+            jnp.zeros((plan.nq + 1, *bn, plan.bq, v.shape[-1]), jnp.float32))
+    (m, l, acc), _ = jax.lax.scan(step, init, self.rounds(seeds))
     l = jnp.where(l > 0, l, 1.0)
     out = acc / l[..., None]
-    if visible is not None:
-      out = jnp.where(visible.reshape(nq + 1, 1, 1, bq, 1), out, 0.0)
+    if self.visible is not None:
+      out = jnp.where(self.visible.reshape(plan.nq + 1, 1, 1, plan.bq, 1), out, 0.0)
     return _unblocks(out, plan.t).astype(v.dtype), m + jnp.log(l)
 
-  @jax.custom_vjp
-  def attend(q, k, v, source, seeds):
-    return forward(q, k, v, source, seeds)[0]
-
-  def attend_fwd(q, k, v, source, seeds):
-    out, lse = forward(q, k, v, source, seeds)
-    return out, (q, k, v, source, seeds, out, lse)
-
-  def attend_bwd(res, d_out):
+  def backward(self, res, d_out):
+    """Gradients of (q, k, v, bias source, seeds) from the forward's residuals, round by round."""
+    plan, table = self.plan, self.table
     q, k, v, source, seeds, out, lse = res
-    xs = (plan.q_blocks, plan.k_blocks, plan.mask_ids, pair_ids, seeds)
     scale = q.shape[-1] ** -0.5
-    q5, k5, v5 = _blocks(q, nq, bq, spare=True), _blocks(k, nk, bk), _blocks(v, nk, bk)
-    do5 = _blocks(d_out, nq, bq, spare=True)
-    if visible is not None:
-      do5 = jnp.where(visible.reshape(nq + 1, 1, 1, bq, 1), do5, 0)
-    delta = jnp.sum(do5.astype(jnp.float32) * _blocks(out, nq, bq, spare=True).astype(jnp.float32), -1)
+    q5, k5, v5 = self.blocks(q, k, v)
+    do5 = _blocks(d_out, plan.nq, plan.bq, spare=True)
+    if self.visible is not None:
+      do5 = jnp.where(self.visible.reshape(plan.nq + 1, 1, 1, plan.bq, 1), do5, 0)
+    delta = jnp.sum(do5.astype(jnp.float32) * _blocks(out, plan.nq, plan.bq, spare=True).astype(jnp.float32), -1)
     sum_axes = () if source is None else tuple(a + 1 for a in (0, 1) if source.shape[a + (table is None)] == 1)
+    # dK and dV are accumulated transposed, [.., H, bk] = Q^T dS and dO^T P: a contraction over the queries as
+    # "gbnqk,gbnqh->gbnkh" has a transposed left operand, which XLA:CPU leaves to a batched Eigen dot at a third of
+    # YNNPACK's rate (benchmarks/results/block_attention_bwd_layout.json). Q and dO are transposed once here, dK and
+    # dV once after the scan.
+    q5_t, do5_t = jnp.swapaxes(q5, -1, -2), jnp.swapaxes(do5, -1, -2)
 
     def step(carry, x):
       dq, dk_t, dv_t, dsource = carry
       qi, kj, _, pid, seed = x
-      s = logits(x, q5, k5, source)
-      p = jnp.exp(s - lse[qi][..., None])
-      z = keep_scale(seed)
-      do_blk = do5[qi]
+      p = jnp.exp(self.logits(x, q5, k5, source) - lse[qi][..., None])
+      z = self.keep_scale(seed)
       dv_t_blk = jnp.einsum("gbnhq,gbnqk->gbnhk", do5_t[qi], (p if z is None else p * z).astype(v.dtype),
                             preferred_element_type=jnp.float32)
-      dp = jnp.einsum("gbnqh,gbnkh->gbnqk", do_blk, v5[kj], preferred_element_type=jnp.float32)
+      dp = jnp.einsum("gbnqh,gbnkh->gbnqk", do5[qi], v5[kj], preferred_element_type=jnp.float32)
       ds = p * ((dp if z is None else dp * z) - delta[qi][..., None])
       dsc = (ds * scale).astype(q.dtype)
       dq = dq.at[qi].add(jnp.einsum("gbnqk,gbnkh->gbnqh", dsc, k5[kj], preferred_element_type=jnp.float32))
@@ -317,21 +326,30 @@ def _attention_fn(plan: BlockPlan, table, rate, bn):
         if table is None:
           dsource = dsource.at[pid].add(ds_src)
         else:
-          dsource = dsource.at[..., flat_index(pid)].add(jnp.moveaxis(ds_src, 0, 2))
+          dsource = dsource.at[..., self.flat_index(pid)].add(jnp.moveaxis(ds_src, 0, 2))
       return (dq, dk_t, dv_t.at[kj].add(dv_t_blk), dsource), None
 
-    # dK and dV are accumulated transposed, [.., H, bk] = Q^T dS and dO^T P: a contraction over the queries as
-    # "gbnqk,gbnqh->gbnkh" has a transposed left operand, which XLA:CPU leaves to a batched Eigen dot at a third of
-    # YNNPACK's rate (benchmarks/results/block_attention_bwd_layout.json). Q and dO are transposed once here, dK and
-    # dV once after the scan.
-    q5_t, do5_t = jnp.swapaxes(q5, -1, -2), jnp.swapaxes(do5, -1, -2)
     zeros_t = lambda x5: jnp.zeros((*x5.shape[:3], x5.shape[4], x5.shape[3]), jnp.float32)
     init = (jnp.zeros(q5.shape, jnp.float32), zeros_t(k5), zeros_t(v5),
             None if source is None else jnp.zeros(source.shape, jnp.float32))
-    (dq, dk_t, dv_t, dsource), _ = jax.lax.scan(step, init, xs)
+    (dq, dk_t, dv_t, dsource), _ = jax.lax.scan(step, init, self.rounds(seeds))
     dk, dv = jnp.swapaxes(dk_t, -1, -2), jnp.swapaxes(dv_t, -1, -2)
     return (_unblocks(dq, plan.t).astype(q.dtype), _unblocks(dk, plan.s).astype(k.dtype),
             _unblocks(dv, plan.s).astype(v.dtype), None if source is None else dsource.astype(source.dtype), None)
 
-  attend.defvjp(attend_fwd, attend_bwd)
+
+def _attention_fn(plan: BlockPlan, table, rate, bn):
+  """A custom-VJP attention (q, k, v, bias source, dropout seeds [R, G] or None) closed over the static plan,
+  relative-bias table and dropout rate (`_Rounds`)."""
+  rounds = _Rounds(plan, table, rate, bn)
+
+  @jax.custom_vjp
+  def attend(q, k, v, source, seeds):
+    return rounds.forward(q, k, v, source, seeds)[0]
+
+  def attend_fwd(q, k, v, source, seeds):
+    out, lse = rounds.forward(q, k, v, source, seeds)
+    return out, (q, k, v, source, seeds, out, lse)
+
+  attend.defvjp(attend_fwd, rounds.backward)
   return attend

@@ -89,19 +89,7 @@ def speculate(params, draft_params, prompt_BxP, rng, end_token, cfg: ModelConfig
                done=(first_B == end_token) | (max_new_tokens == 1), rng=rng, passes=jnp.int32(0), kept=zero_B,
                row_rounds=jnp.int32(0), row_tokens=jnp.int32(0), fell_back_at=jnp.int32(-1))
 
-  def commit(c, new_BxN, count_B, kept_B):
-    """Writes each active row's first count_B of new_BxN (cut after an end token and at the limit)."""
-    active_B = ~c["done"]
-    count_B = jnp.minimum(jnp.where(active_B, count_B, 0), limit - c["length"])
-    hits_BxN = (new_BxN == end_token) & (jnp.arange(new_BxN.shape[1])[None] < count_B[:, None])
-    ended_B = hits_BxN.any(axis=1)
-    count_B = jnp.where(ended_B, jnp.argmax(hits_BxN, axis=1) + 1, count_B)
-    index_BxN = c["length"][:, None] + jnp.arange(new_BxN.shape[1])[None]
-    seq_BxS = c["seq"].at[jnp.arange(batch)[:, None], index_BxN].set(new_BxN, mode="drop")
-    length_B = c["length"] + count_B
-    return dict(c, seq=seq_BxS, length=length_B, done=c["done"] | ended_B | (length_B >= limit),
-                passes=c["passes"] + 1, kept=c["kept"] + jnp.where(active_B, kept_B, 0),
-                row_rounds=c["row_rounds"] + active_B.sum(), row_tokens=c["row_tokens"] + count_B.sum())
+  commit = functools.partial(_commit, end_token=end_token, limit=limit)
 
   def last_tokens(c):
     return jnp.take_along_axis(c["seq"], c["length"][:, None] - 1, axis=1)
@@ -129,9 +117,23 @@ def speculate(params, draft_params, prompt_BxP, rng, end_token, cfg: ModelConfig
 
   c = lax.while_loop(lambda c: ~jnp.all(c["done"]), body, carry)
   out_BxN = lax.dynamic_slice_in_dim(c["seq"], length, max_new_tokens, axis=1)
-  filled_BxN = jnp.arange(max_new_tokens)[None] < (c["length"] - length)[:, None]
-  out_BxN = jnp.where(filled_BxN, out_BxN, jnp.maximum(end_token, 0))
+  out_BxN = jnp.where(jnp.arange(max_new_tokens)[None] < (c["length"] - length)[:, None], out_BxN,
+                      jnp.maximum(end_token, 0))
   bad_Bx1 = jnp.any((prompt_BxP < 0) | (prompt_BxP >= cfg.vocab_size), axis=1, keepdims=True)
-  stats = Stats(passes=c["passes"], generated_B=c["length"] - length, kept_B=c["kept"],
-                fell_back_at=c["fell_back_at"])
-  return jnp.where(bad_Bx1, -1, out_BxN), stats
+  return jnp.where(bad_Bx1, -1, out_BxN), Stats(c["passes"], c["length"] - length, c["kept"], c["fell_back_at"])
+
+
+def _commit(c, new_BxN, count_B, kept_B, end_token, limit):
+  """The loop's state `c` once each active row takes its first count_B of new_BxN (cut after an end token and at
+  the limit of prompt + max_new_tokens)."""
+  active_B = ~c["done"]
+  count_B = jnp.minimum(jnp.where(active_B, count_B, 0), limit - c["length"])
+  hits_BxN = (new_BxN == end_token) & (jnp.arange(new_BxN.shape[1])[None] < count_B[:, None])
+  ended_B = hits_BxN.any(axis=1)
+  count_B = jnp.where(ended_B, jnp.argmax(hits_BxN, axis=1) + 1, count_B)
+  index_BxN = c["length"][:, None] + jnp.arange(new_BxN.shape[1])[None]
+  seq_BxS = c["seq"].at[jnp.arange(new_BxN.shape[0])[:, None], index_BxN].set(new_BxN, mode="drop")
+  length_B = c["length"] + count_B
+  return dict(c, seq=seq_BxS, length=length_B, done=c["done"] | ended_B | (length_B >= limit),
+              passes=c["passes"] + 1, kept=c["kept"] + jnp.where(active_B, kept_B, 0),
+              row_rounds=c["row_rounds"] + active_B.sum(), row_tokens=c["row_tokens"] + count_B.sum())
