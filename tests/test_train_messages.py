@@ -36,12 +36,15 @@ def test_next_steps_name_the_files_and_the_commands_of_this_run():
                     bin_dir=".venv/bin")
   lines = text.splitlines()
   assert lines[0].startswith("checkpoints: workdirs/my run/checkpoints")
-  assert lines[1] == "TensorBoard logs: workdirs/my run"
-  sample, evaluate, export, board = (shlex.split(line) for line in lines[3:])
+  assert lines[1] == "metrics: workdirs/my run/metrics.jsonl (one JSON line per logged step) and TensorBoard logs in " \
+                     "workdirs/my run"
+  sample, evaluate, export, plot, board = (shlex.split(line, comments=True) for line in lines[3:])
   assert sample == [".venv/bin/hourglass-sample", "--config=configs/tiny.py", "--workdir=workdirs/my run",
                     "--config.model.d_model=64", "--prompt=def "]
   assert evaluate[0] == ".venv/bin/hourglass-eval" and evaluate[-1] == "--split=test"
+  assert "the whole split" in lines[4]
   assert export == [".venv/bin/hourglass-export", "--workdir=workdirs/my run", "--output=workdirs/my run_export"]
+  assert plot == [".venv/bin/hourglass-plot", "workdirs/my run", "--output=workdirs/my run/curves.png"]
   assert board[-1] == "--logdir=workdirs/my run" and board[0] == ".venv/bin/pip"
   image = next_steps("configs/digits.py", "w", text=False)
   assert "--prompt" not in image and image.splitlines()[3].split()[0] == "hourglass-sample"
