@@ -1,0 +1,65 @@
+"""hourglass-plot: learning curves of several runs from their metrics.jsonl into one PNG, and one error line for a
+workdir without metrics or a missing matplotlib. A real run's metrics are drawn in tests/test_train_resume.py."""
+
+import builtins
+import sys
+from unittest import mock
+
+import pytest
+from absl import flags
+
+from hourglass_jax.cli import plot
+from hourglass_jax.train import curves, run_files
+
+
+def _logged_run(workdir, rate: float) -> None:
+  """A run's metrics.jsonl as the trainer writes it (MetricsLog): train lines every 10 steps, a partial
+  evaluation at step 20 and a whole-split one at step 40."""
+  workdir.mkdir()
+  log = run_files.MetricsLog(workdir, 0, enabled=True)
+  for step in range(10, 50, 10):
+    log.write(dict(step=step, split="train", loss=5.0 - rate * step, bits_per_byte=(5.0 - rate * step) / 0.693,
+                   tokens_seen=log.tokens_seen(step, 64), learning_rate=1e-3))
+  for step, whole in ((20, False), (40, True)):
+    log.write(dict(step=step, split="valid", bits_per_byte=7.0 - rate * step, tokens_seen=log.tokens_seen(step, 64),
+                   whole_split=whole))
+  log.close()
+
+
+def _plot(*args):
+  """hourglass-plot in this process: (exit code or None, stdout)."""
+  flags.FLAGS.unparse_flags()
+  with mock.patch.object(sys, "argv", ["hourglass-plot", *map(str, args)]), pytest.raises(SystemExit) as exit_:
+    plot.main()
+  flags.FLAGS.unparse_flags()
+  return exit_.value.code
+
+
+def test_two_runs_in_one_picture(tmp_path, capsys):
+  _logged_run(tmp_path / "a", 0.05)
+  _logged_run(tmp_path / "b", 0.02)
+  assert _plot(tmp_path / "a", tmp_path / "b", f"--output={tmp_path / 'out' / 'curves.png'}", "--x=tokens") in (0, None)
+  assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'out' / 'curves.png'}"
+  png = (tmp_path / "out" / "curves.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def test_a_workdir_without_metrics_and_a_missing_matplotlib_end_in_one_line(tmp_path, monkeypatch):
+  message = _plot(tmp_path, f"--output={tmp_path / 'c.png'}")
+  assert message == (f"error: {tmp_path} holds no metrics.jsonl (or an empty one): pass the --workdir of a "
+                     "hourglass-train run that has logged at least one step.")
+  _logged_run(tmp_path / "run", 0.05)
+  real_import = builtins.__import__
+
+  def no_matplotlib(name, *args, **kwargs):
+    if name.startswith("matplotlib"):
+      raise ImportError(name)
+    return real_import(name, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+  message = _plot(tmp_path / "run", f"--output={tmp_path / 'c.png'}")
+  assert message == ("error: hourglass-plot needs matplotlib, which is not installed: pip install "
+                     "'hourglass-jax[plot]' (or pip install matplotlib).")
+  assert not (tmp_path / "c.png").exists()
+  with pytest.raises(ValueError, match="--x='bytes': choose one of step, tokens"):
+    curves.plot_runs([tmp_path / "run"], tmp_path / "c.png", x="bytes")
