@@ -66,7 +66,8 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   card = dict(format=FORMAT, format_version=FORMAT_VERSION, hourglass_jax_version=__version__, step=step,
               seq_len=seq_len, num_params=int(sum(v.size for v in flat.values())),
               weights_dtype=dtype or str(next(iter(flat.values())).dtype), **(about or {}),
-              model=dataclasses.asdict(model_cfg), checksums={key: checksum(value) for key, value in sorted(flat.items())})
+              model=dataclasses.asdict(model_cfg),
+              checksums={key: checksum(value) for key, value in sorted(flat.items())})
   text = json.dumps(card, indent=2)
   out = paths.as_path(output_dir)
   if not overwrite:

@@ -9,6 +9,8 @@ Sections (each a list of commands; --only reruns those and keeps the others' rec
   tiny          the README's run: train configs/tiny.py for 300 steps, sample it, score its test split
   default       `make train` (configs/default.py), then score its valid and test splits
   default_1000  configs/default.py for 1,000 steps, scored on the valid split (docs/choosing.md)
+  default_1000_study  the same with the shortening study's recipe: learning rate 3e-3, 5% warmup, no dropout,
+                training windows every 256 bytes (docs/choosing.md)
   dynamic_1000  configs/dynamic.py:whitespace for 1,000 steps, scored on the valid split (docs/choosing.md)
   digits        configs/digits.py (its 300 steps), scored on the valid split (docs/choosing.md)
   plot          hourglass-plot of the tiny and default runs: docs/learning_curves.png (the README's picture)
@@ -37,6 +39,9 @@ ENTRIES = {"hourglass-train": "hourglass_jax.cli.main import train_entry as entr
 TINY = "--config=configs/tiny.py --workdir=workdirs/tiny"
 DEFAULT = "--config=configs/default.py --workdir=workdirs/default"
 DEFAULT_1000 = "--config=configs/default.py --workdir=workdirs/default_1000 --config.train.steps=1000"
+STUDY_1000 = ("--config=configs/default.py --workdir=workdirs/default_1000_study --config.train.steps=1000 "
+              "--config.train.learning_rate=3e-3 --config.train.warmup_steps=50 --config.model.dropout=0 "
+              "--config.data.train_stride=256")  # the shortening study's recipe (docs/choosing.md)
 DYNAMIC_1000 = "--config=configs/dynamic.py:whitespace --workdir=workdirs/dynamic_1000 --config.train.steps=1000"
 DIGITS = "--config=configs/digits.py --workdir=workdirs/digits"
 SECTIONS = {  # name: (workdirs it writes, [(title, command)])
@@ -51,6 +56,9 @@ SECTIONS = {  # name: (workdirs it writes, [(title, command)])
     "default_1000": (["workdirs/default_1000"], [
         ("default_1000_train", f"hourglass-train {DEFAULT_1000}"),
         ("default_1000_eval", f"hourglass-eval {DEFAULT_1000} --split=valid")]),
+    "default_1000_study": (["workdirs/default_1000_study"], [
+        ("default_1000_study_train", f"hourglass-train {STUDY_1000}"),
+        ("default_1000_study_eval", f"hourglass-eval {STUDY_1000} --split=valid")]),
     "dynamic_1000": (["workdirs/dynamic_1000"], [
         ("dynamic_1000_train", f"hourglass-train {DYNAMIC_1000}"),
         ("dynamic_1000_eval", f"hourglass-eval {DYNAMIC_1000} --split=valid")]),

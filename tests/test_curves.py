@@ -1,7 +1,9 @@
 """hourglass-plot: learning curves of several runs from their metrics.jsonl into one PNG, and one error line for a
-workdir without metrics or a missing matplotlib. A real run's metrics are drawn in tests/test_train_resume.py."""
+workdir without metrics or a missing matplotlib; a full disk while writing metrics.jsonl is reported as one. A real
+run's metrics.jsonl is checked and drawn in tests/test_train_resume.py."""
 
 import builtins
+import errno
 import sys
 from unittest import mock
 
@@ -10,6 +12,7 @@ from absl import flags
 
 from hourglass_jax.cli import plot
 from hourglass_jax.train import curves, run_files
+from hourglass_jax.train.checks import DiskFullError
 
 
 def _logged_run(workdir, rate: float) -> None:
@@ -44,6 +47,19 @@ def test_two_runs_in_one_picture(tmp_path, capsys):
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
 
 
+def test_hourglass_evals_recorded_scores_join_the_trainers(tmp_path):
+  """The evaluation panel draws the trainer's evaluations and hourglass-eval's whole-split scores (at the tokens
+  seen by their step); a recorded score of a step the trainer already scored whole is drawn once."""
+  _logged_run(tmp_path / "run", 0.05)
+  for split, step in (("test", 40), ("valid", 20), ("valid", 40)):
+    run_files.record_evaluation(tmp_path / "run", step, split, dict(bits=1.0 + step / 100, whole_split=True))
+  points = curves.evaluation_points(tmp_path / "run", run_files.read_metrics(tmp_path / "run"), "bits_per_byte")
+  assert sorted((p["step"], p["split"], p["whole_split"], p["tokens_seen"]) for p in points) == [
+      (20, "valid", False, 20 * 64), (20, "valid", True, 20 * 64), (40, "test", True, 40 * 64),
+      (40, "valid", True, 40 * 64)]
+  assert {p["bits_per_byte"] for p in points if p["split"] == "test"} == {1.4}
+
+
 def test_a_workdir_without_metrics_and_a_missing_matplotlib_end_in_one_line(tmp_path, monkeypatch):
   message = _plot(tmp_path, f"--output={tmp_path / 'c.png'}")
   assert message == (f"error: {tmp_path} holds no metrics.jsonl (or an empty one): pass the --workdir of a "
@@ -63,3 +79,16 @@ def test_a_workdir_without_metrics_and_a_missing_matplotlib_end_in_one_line(tmp_
   assert not (tmp_path / "c.png").exists()
   with pytest.raises(ValueError, match="--x='bytes': choose one of step, tokens"):
     curves.plot_runs([tmp_path / "run"], tmp_path / "c.png", x="bytes")
+
+
+def test_a_full_disk_while_logging_metrics_is_named_as_one(tmp_path):
+  log = run_files.MetricsLog(tmp_path, 0, enabled=True)
+
+  class Full:
+    def write(self, _):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  log._file = Full()  # pylint: disable=protected-access
+  with pytest.raises(DiskFullError, match=f"disk full: writing {tmp_path}/metrics.jsonl failed .*rerun the same "
+                                          "command to resume from the newest checkpoint"):
+    log.write(dict(step=1, split="train", loss=1.0))

@@ -40,12 +40,16 @@ def test_every_python_block_of_the_page_runs(page, tmp_path, monkeypatch):
                            f"{type(error).__name__}: {error}") from error
 
 
-def _recorded() -> dict[str, tuple[str, list[str]]]:
-  """{section: (command, printed lines)} of cli_output.md, as scripts/cli_output.py reads it."""
+def _script():
   spec = importlib.util.spec_from_file_location("cli_output", REPO / "scripts" / "cli_output.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.read_sections(CLI_OUTPUT)
+  return module
+
+
+def _recorded() -> dict[str, tuple[str, list[str]]]:
+  """{section: (command, printed lines)} of cli_output.md, as scripts/cli_output.py reads it."""
+  return _script().read_sections(CLI_OUTPUT)
 
 
 def shown_in(shown: list[str], printed: list[str]) -> str | None:
@@ -91,3 +95,17 @@ def test_the_output_check_tells_a_different_output_apart():
   assert shown_in(["speed: ... tokens/s"], printed) is None
   assert shown_in(["step 100: valid bits/byte 4.7973 (...)"], printed) == "step 100: valid bits/byte 4.7973 (...)"
   assert shown_in(["done", "speed: ... tokens/s"], printed) == "speed: ... tokens/s"  # the order counts
+
+
+def test_the_recorded_output_leaves_out_only_what_depends_on_the_machine():
+  printed = ("compile: 13.1 s (persistent cache miss; cached in ~/.cache/hourglass_jax/xla)\n"
+             "train:   0%|          | 0/30 [00:00<?]\n"
+             "step 30: valid bits/byte 5.8670 (loss 4.0667 nats; partial: first 8 of 1,285 batches (1%))\n"
+             "train: 100%|##########| 30/30 [00:03<00:00, loss 3.812, bits/byte 5.499, 9,1 tok/s]\n"
+             "train: 100%|##########| 30/30 [00:03<00:00, loss 3.812, bits/byte 5.499]\n"
+             "speed over 30 timed steps: 8,252 tokens/s, 23 ms/step, MFU 2.95% (vs ...)\n")
+  assert _script().masked(printed) == [
+      "compile: ... s (...)",
+      "step 30: valid bits/byte 5.8670 (loss 4.0667 nats; partial: first 8 of 1,285 batches (1%))",
+      "train: 100%|##########| 30/30 [...<00:00, loss 3.812, bits/byte 5.499]",
+      "speed over 30 timed steps: ... tokens/s, ... ms/step, MFU ...% (vs ...)"]

@@ -27,7 +27,8 @@ def main():
     from hourglass_jax.train.curves import plot_runs  # pylint: disable=import-outside-toplevel
 
     try:
-      print(f"wrote {plot_runs(argv[1:], output.value, x.value)}")
+      plot_runs(argv[1:], output.value, x.value)
+      print(f"wrote {output.value}")
     except (ValueError, OSError) as error:  # a workdir without metrics, no matplotlib: one line naming it
       sys.exit(f"error: {error}")
 

@@ -1,7 +1,7 @@
-"""Learning curves of one or more runs, drawn from their workdirs' metrics.jsonl (run_files.py) with matplotlib:
-training bits per byte (or dim) on the left, the evaluations on the right, one colour per run, against steps or
-tokens seen. A partial evaluation (the first batches of the split) is drawn hollow and dashed, a whole-split one
-filled, so the two are never taken for each other."""
+"""Learning curves of one or more runs, drawn from their workdirs' metrics.jsonl and hourglass-eval's recorded scores
+(run_files.py) with matplotlib: training bits per byte (or dim) on the left, the evaluations on the right, one colour
+per run, against steps or tokens seen. A partial evaluation (the first batches of the split) is drawn hollow and
+dashed, a whole-split one filled, so the two are never taken for each other; each split has its own marker."""
 
 import pathlib
 
@@ -24,6 +24,24 @@ def _matplotlib():
 
 def _label(workdir) -> str:
   return pathlib.PurePath(str(workdir).rstrip("/")).name or str(workdir)
+
+
+def evaluation_points(workdir, records: list[dict], bits: str) -> list[dict]:
+  """The evaluations of a run: the trainer's (`records`, its metrics.jsonl), and hourglass-eval's recorded
+  whole-split scores where the trainer has none of that step and split; each with the tokens seen at its step."""
+  tokens = {r["step"]: r["tokens_seen"] for r in records if "tokens_seen" in r}
+  logged = [r for r in records if r.get("split") != "train" and bits in r]
+  whole = {(r["step"], r["split"]) for r in logged if r.get("whole_split")}
+  scored = [dict(r, **{bits: r["bits"], "whole_split": True}) for r in run_files.recorded_evaluations(workdir)
+            if "bits" in r and (r["step"], r["split"]) not in whole]
+  return [dict(r, tokens_seen=tokens.get(r["step"])) for r in logged + scored]
+
+
+def _series(evals: list[dict]) -> list[tuple[tuple[str, bool], str]]:
+  """((split, whole split), marker) of each evaluation series: a marker per split."""
+  splits = sorted({r["split"] for r in evals})
+  return [((split, whole), "os^dv"[splits.index(split) % 5]) for split in splits for whole in (True, False)
+          if any((r["split"], bool(r.get("whole_split"))) == (split, whole) for r in evals)]
 
 
 def plot_runs(workdirs, output, x: str = "step") -> str:
@@ -49,14 +67,13 @@ def plot_runs(workdirs, output, x: str = "step") -> str:
     bits = f"bits_per_{unit}"
     train = [r for r in records if r.get("split") == "train" and bits in r and key in r]
     train_ax.plot([r[key] for r in train], [r[bits] for r in train], color=color, label=_label(workdir))
-    evals = [r for r in records if r.get("split") != "train" and bits in r and key in r]
-    for whole, style in ((True, dict(linestyle="-", markerfacecolor=color)),
-                         (False, dict(linestyle="--", markerfacecolor="none"))):
-      points = [r for r in evals if bool(r.get("whole_split")) == whole]
-      if points:
-        splits = sorted({r["split"] for r in points})
-        eval_ax.plot([r[key] for r in points], [r[bits] for r in points], marker="o", color=color,
-                     label=f"{_label(workdir)}: {'/'.join(splits)}{'' if whole else ' (partial)'}", **style)
+    evals = evaluation_points(workdir, records, bits)
+    for (split, whole), marker in _series(evals):
+      points = sorted((r for r in evals if (r["split"], bool(r.get("whole_split"))) == (split, whole)
+                       and r.get(key) is not None), key=lambda r: r["step"])
+      eval_ax.plot([r[key] for r in points], [r[bits] for r in points], marker=marker, color=color,
+                   linestyle="-" if whole else "--", markerfacecolor=color if whole else "none",
+                   label=f"{_label(workdir)}: {split}{'' if whole else ' (partial)'}")
   for ax, title in ((train_ax, f"training bits/{unit} (mean over each logged window)"),
                     (eval_ax, f"evaluation bits/{unit}")):
     ax.set_title(title, fontsize=10)

@@ -49,8 +49,8 @@ def report_compiled(trainer, compiled, log) -> dict:
 
 def next_steps(config: str, workdir: str, overrides=(), text: bool = True, bin_dir: str = "") -> str:
   """What a finished run prints last: where its checkpoints, metrics and TensorBoard logs are and the commands that
-  sample, evaluate, export and plot it (`config`: the --config argument, `overrides`: the --config.* arguments the run had,
-  `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
+  sample, evaluate, export and plot it (`config`: the --config argument, `overrides`: the --config.* arguments the
+  run had, `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
   run = " ".join(shlex.quote(arg) for arg in (f"--config={config}", f"--workdir={workdir}", *overrides))
   command = lambda name: shlex.quote(f"{bin_dir}/{name}" if bin_dir else name)
   prompt = " --prompt='def '" if text else ""

@@ -71,13 +71,22 @@ class MetricsLog:
 
   def write(self, record: dict) -> None:
     line = json.dumps({key: _plain(value) for key, value in record.items()}) + "\n"
-    if self._file is not None:
-      self._file.write(line)
-      self._file.flush()
-    elif self._lines is not None:
-      self._lines.append(line)
-      if time.monotonic() - self._flushed > _REMOTE_FLUSH_SECONDS:
-        self._rewrite()
+    try:
+      if self._file is not None:
+        self._file.write(line)
+        self._file.flush()
+      elif self._lines is not None:
+        self._lines.append(line)
+        if time.monotonic() - self._flushed > _REMOTE_FLUSH_SECONDS:
+          self._rewrite()
+    except OSError as error:
+      from hourglass_jax.train.checks import DiskFullError, is_disk_full  # pylint: disable=import-outside-toplevel
+
+      if not is_disk_full(error):
+        raise
+      raise DiskFullError(f"disk full: writing {self.path} failed (no space left on device). Free disk space (or "
+                          "copy the workdir to a larger disk and point --workdir there), then rerun the same command "
+                          "to resume from the newest checkpoint.") from error
 
   def _rewrite(self) -> None:
     write_atomically(self.path, "".join(self._lines))
@@ -114,15 +123,20 @@ def record_evaluation(workdir, step: int, split: str, result: dict, log=print) -
         "not show it.")
 
 
-def evaluations(workdir, step: int) -> dict[str, dict]:
-  """{split: hourglass-eval's recorded result} of checkpoint `step` ({} when none was recorded)."""
+def recorded_evaluations(workdir) -> list[dict]:
+  """hourglass-eval's recorded results in `workdir`, by step ([] when none was recorded)."""
   folder = paths.as_path(workdir) / EVALUATIONS
-  found = {}
-  for path in sorted(folder.glob(f"{step}_*.json")) if folder.is_dir() else []:
+  found = []
+  for path in folder.glob("*_*.json") if folder.is_dir() else []:
     try:
       record = json.loads(path.read_text())
     except ValueError:
       continue
-    if isinstance(record, dict) and record.get("step") == step and isinstance(record.get("split"), str):
-      found[record["split"]] = record
-  return found
+    if isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("split"), str):
+      found.append(record)
+  return sorted(found, key=lambda record: (record["step"], record["split"]))
+
+
+def evaluations(workdir, step: int) -> dict[str, dict]:
+  """{split: hourglass-eval's recorded result} of checkpoint `step` ({} when none was recorded)."""
+  return {record["split"]: record for record in recorded_evaluations(workdir) if record["step"] == step}
