@@ -101,6 +101,8 @@ def test_the_recorded_output_leaves_out_only_what_depends_on_the_machine():
   printed = ("compile: 13.1 s (persistent cache miss; cached in ~/.cache/hourglass_jax/xla)\n"
              "train:   0%|          | 0/30 [00:00<?]\n"
              "step 30: valid bits/byte 5.8670 (loss 4.0667 nats; partial: first 8 of 1,285 batches (1%))\n"
+             "W1128 01:53:33.447012 140035805088640 checkpoint_manager.py:1466] Waiting for previous save to complete "
+             "took 1.102745 seconds. If this number is high, consider checkpointing less frequently.\n"
              "train: 100%|##########| 30/30 [00:03<00:00, loss 3.812, bits/byte 5.499, 9,1 tok/s]\n"
              "train: 100%|##########| 30/30 [00:03<00:00, loss 3.812, bits/byte 5.499]\n"
              "speed over 30 timed steps: 8,252 tokens/s, 23 ms/step, MFU 2.95% (vs ...)\n")

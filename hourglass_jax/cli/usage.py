@@ -25,8 +25,8 @@ Example:
 
 {_CONFIG_OVERRIDES}"""
 EVAL_SPLIT_HELP = "The split to score: valid or test (default data.eval_split)."
-EVAL_BATCHES_HELP = ("hourglass-eval: score only the first N batches of the split, a quick partial score (0 = the "
-                     "whole split). data.eval_batches sets the trainer's periodic evaluations only.")
+EVAL_BATCHES_HELP = ("Score only the first N batches of the split, a quick partial score (0 = the whole split). "
+                     "data.eval_batches sets the trainer's periodic evaluations only.")
 SAMPLE_SPLIT_HELP = ("Images: the split whose first images --prompt_rows completes (default data.eval_split); text "
                      "configs do not read it.")
 
