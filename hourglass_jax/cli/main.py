@@ -124,9 +124,10 @@ def _start(command, text: str, names, required=("config", "workdir"), level=absl
 def _train():
   from hourglass_jax.train.loop import train_and_evaluate
 
-  created = paths.first_missing(_WORKDIR.value)  # removed again if the run fails before writing a file into it
+  created = [None]  # the outermost folder the run makes: removed again if it fails before writing a file into it
 
   def train():
+    created[0] = paths.first_missing(_WORKDIR.value)
     _check_locations()
     paths.as_path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)
     return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
@@ -137,11 +138,11 @@ def _train():
     summary = _run(train)
     stopped = summary["stopped"]  # a stop after saving is not "finished": schedulers requeue on its code
   except KeyboardInterrupt:  # a second Ctrl-C, perhaps during a save
-    paths.remove_empty_folders(created)
+    paths.remove_empty_folders(created[0])
     _exit_now("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost. Rerun the same "
               "command to resume from it.", preemption.EXIT_INTERRUPTED)
   except BaseException:
-    paths.remove_empty_folders(created)
+    paths.remove_empty_folders(created[0])
     raise
   if stopped == "done" and summary["step"] > summary["start_step"]:
     _print_next_steps()
