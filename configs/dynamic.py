@@ -2,7 +2,8 @@
 (dynamic token pooling, Nawrot et al. 2023) on the embedded corpus (Python code); minutes on a laptop.
 
     .venv/bin/hourglass-train --config=configs/dynamic.py:whitespace --workdir=workdirs/dynamic
-    (or :routing, :entropy, :gumbel; :whitespace,gumbel nests two dynamic levels, one name per level)
+    (the default without :NAME; or :routing, :entropy, :gumbel; :whitespace,gumbel nests two dynamic levels, one
+    name per level)
 
 Each predictor aims at one boundary per 4 bytes: 'whitespace' closes a segment after every ASCII punctuation byte
 and once per run of spaces (0.245 boundaries a byte of Python); 'routing' (H-Net) where a position differs from the
@@ -21,7 +22,7 @@ from hourglass_jax.model.hourglass import CODE_BOUNDARY_BYTES
 SINGLE_ROUTING_LOSS_WEIGHT = 0.3
 
 
-def get_config(predictor: str = "gumbel"):
+def get_config(predictor: str = "whitespace"):  # the lowest bits per byte in the study (docs/choosing.md)
   cfg = base_config()
   cfg.model.update(vocab_size=256, d_model=128, num_heads=4, d_ff=512, hierarchy="2@1 4@4 2@1", dropout=0.0,
                    segment_capacity=1.0)

@@ -11,7 +11,7 @@ def get_config(preset: str = ""):
                    shorten="attention_avg", upsample="attention_repeat", dropout=0.2)
   # Prepare first: hourglass-data prepare enwik8 [--manual_dir=DIR_WITH_enwik8.zip] [--data_dir=DIR].
   # Eval: the paper's long-context protocol (128-byte chunks after 6784 bytes of context, 6912 in all). Periodic
-  # evals score the first 50 batches; the whole-split number: hourglass-eval --config.data.eval_batches=0.
+  # evals score the first 50 batches (a partial score, said so); hourglass-eval scores the whole split.
   cfg.data.update(name="enwik8", data_dir="", seq_len=2049, train_stride=512, batch_size=8, eval_split="valid",
                   eval_protocol="long_context", eval_seq_len=6912, eval_context=6784, eval_batches=50)
   cfg.train.update(steps=263_000, learning_rate=4.1e-4, schedule="cosine", warmup_steps=4_000,

@@ -21,7 +21,8 @@ from hourglass_jax.config.dynamic import with_dynamic_shortening
 PRESETS = {
     "": dict(batch_size=32, model=dict()),
     "large": dict(batch_size=16, model=dict(d_model=1024, num_heads=16, d_ff=4096, hierarchy="4@1 24@3 4@1")),
-    "dynamic": dict(batch_size=32, model=dict(hierarchy="2@1 8@4 2@1", dropout=0.1, segment_capacity=1.5),
+    # capacity 1.0: a fixed level's slots and FLOPs, so :dynamic and :fixed cost the same per step
+    "dynamic": dict(batch_size=32, model=dict(hierarchy="2@1 8@4 2@1", dropout=0.1, segment_capacity=1.0),
                     predictor="whitespace"),
     "fixed": dict(batch_size=32, model=dict(hierarchy="2@1 8@4 2@1", dropout=0.1, shorten="avg",
                                             upsample="repeat")),

@@ -113,3 +113,26 @@ def _check_local_folder(text: str, what: str, create: bool) -> None:
                      "location.") from error
   if not os.access(folder, os.W_OK | os.X_OK):
     raise ValueError(f"{what}={text} is not writable; pass a folder in a writable location.")
+
+
+def first_missing(path) -> str | None:
+  """The outermost folder of local `path` that does not exist yet (`path` itself, or one above it): what creating
+  `path` would add. None when `path` exists or is a URL."""
+  if is_remote(path):
+    return None
+  folder, missing = os.path.abspath(os.path.expanduser(os.fspath(path))), None
+  while not os.path.exists(folder):
+    folder, missing = os.path.dirname(folder), folder
+  return missing
+
+
+def remove_empty_folders(root) -> None:
+  """Removes `root` and the folders under it, deepest first, as far as they hold no file: a run that failed before
+  writing anything leaves nothing behind, and a file (a checkpoint, a log) is never touched."""
+  if root is None or not os.path.isdir(root):
+    return
+  for folder, _, _ in sorted(os.walk(root), key=lambda entry: -entry[0].count(os.sep)):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      pass

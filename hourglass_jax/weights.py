@@ -46,10 +46,11 @@ def checksum(array) -> str:
 
 
 def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len: int | None = None,
-                dtype: str | None = None, overwrite: bool = False) -> dict:
+                dtype: str | None = None, overwrite: bool = False, about: dict | None = None) -> dict:
   """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
 
-  `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `dtype`
+  `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `about`: more
+  fields of the card (what hourglass-export adds: the training data and scores, license, intended use); `dtype`
   'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Both files
   are written under temporary names and renamed into place (`_write_atomically`), so Ctrl-C or a full disk leaves
   the previous export (or nothing) rather than a truncated file or half of this one. A folder holding another
@@ -64,7 +65,8 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   model_cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
   card = dict(format=FORMAT, format_version=FORMAT_VERSION, hourglass_jax_version=__version__, step=step,
               seq_len=seq_len, num_params=int(sum(v.size for v in flat.values())),
-              weights_dtype=dtype or str(next(iter(flat.values())).dtype), model=dataclasses.asdict(model_cfg),
+              weights_dtype=dtype or str(next(iter(flat.values())).dtype), **(about or {}),
+              model=dataclasses.asdict(model_cfg),
               checksums={key: checksum(value) for key, value in sorted(flat.items())})
   text = json.dumps(card, indent=2)
   out = paths.as_path(output_dir)

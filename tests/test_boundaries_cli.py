@@ -1,17 +1,22 @@
-"""hourglass-boundaries: the marked text follows the model's own boundary decisions, from exported weights."""
+"""hourglass-boundaries: the marked text follows the model's own boundary decisions, from exported weights or a
+training run's newest checkpoint."""
 
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from hourglass_jax import sharding
 from hourglass_jax.cli.boundaries import marked, show
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.hourglass import WHITESPACE_BYTES
 from hourglass_jax.testing import random_variables
+from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.trainer import Trainer
 from hourglass_jax.weights import save_params
-from tests.helpers import SMALL, centered_gumbel_levels
+from tests.helpers import SMALL, centered_gumbel_levels, quiet, tiny_config
 
 DYNAMIC = dict(SMALL, vocab_size=256, kind="hourglass", hierarchy="1@1 2@3 1@1", shorten="dynamic",
                upsample="repeat")
@@ -30,6 +35,22 @@ def test_marks_follow_the_whitespace_predictor(tmp_path):
   np.testing.assert_array_equal(cuts, [byte in WHITESPACE_BYTES for byte in TEXT])
   assert text.splitlines()[0].startswith("First |Citizen:| |Before |we ")
   assert f"{int(cuts.sum())} boundaries in {len(TEXT)} bytes" in text and "'whitespace'" in text
+
+
+def test_a_training_workdir_is_read_directly(tmp_path):
+  """--workdir reads the newest checkpoint (its params and recorded model), no export needed."""
+  cfg = tiny_config(model=dict(DYNAMIC, boundaries="whitespace", dropout=0.0))
+  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  with jax.set_mesh(trainer.mesh), Checkpoints(tmp_path / "checkpoints", log=quiet) as checkpoints:
+    checkpoints.save(3, trainer.init_state(), {"next_index": 0}, config_record(cfg), force=True)
+  text, cuts = show(None, TEXT, workdir=tmp_path)
+  np.testing.assert_array_equal(cuts, [byte in WHITESPACE_BYTES for byte in TEXT])
+  assert text.splitlines()[0].startswith("First |Citizen:| |Before |we ")
+  with pytest.raises(ValueError, match=f"--weights={tmp_path} is a training workdir, not an export: pass "
+                                       f"--workdir={tmp_path}"):
+    show(tmp_path, TEXT)
+  with pytest.raises(ValueError, match="pass --weights=EXPORTED_FOLDER or --workdir=TRAINING_RUN"):
+    show(None, TEXT)
 
 
 def test_marked_text_shows_every_byte_once():

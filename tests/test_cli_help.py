@@ -1,13 +1,14 @@
-"""`--help` of every command prints what it does, an example and its own flags, not only "Try --helpfull"; every
-script under benchmarks/, scripts/ and examples/ prints its whole description."""
+"""`--help` of every command prints what it does, an example and every flag it reads, not only "Try --helpfull", and
+exits with status 0; every script under benchmarks/, scripts/ and examples/ prints its whole description."""
 
 import importlib.util
 import pathlib
+import re
 import sys
 
 import pytest
 
-from hourglass_jax.cli import main, usage
+from hourglass_jax.cli import main, plot, usage
 from tests.helpers import run
 
 ENTRIES = {"train_entry": usage.TRAIN_FLAGS, "eval_entry": usage.EVAL_FLAGS, "data_entry": usage.DATA_FLAGS,
@@ -20,8 +21,8 @@ SCRIPTS = sorted(path for folder in ("benchmarks", "scripts", "examples") for pa
 
 def _assert_lists_own_flags(text: str, names, command: str) -> None:
   assert text.startswith(command + ":") and "Example:" in text and f".venv/bin/{command} " in text, text
-  for name in names:
-    assert f"  --{name}:" in text, (name, text)
+  for name in names:  # a boolean flag shows as --[no]name
+    assert f"  --{name}:" in text or f"  --[no]{name}:" in text, (name, text)
   for other in ABSL_AND_JAX:
     assert other not in text, (other, text)
 
@@ -33,32 +34,69 @@ def _keep_flags_optional(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_help_lists_the_commands_own_flags(entry, monkeypatch, capsys):
+def test_help_lists_the_commands_own_flags_and_exits_0(entry, monkeypatch, capsys):
   monkeypatch.setattr(sys, "argv", [f"hourglass-{entry.split('_')[0]}", "--help"])
   monkeypatch.setattr(sys.modules["__main__"], "__doc__", None)
   _keep_flags_optional(monkeypatch)
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as exited:
     getattr(main, entry)()
-  _assert_lists_own_flags(capsys.readouterr().out, ENTRIES[entry], f"hourglass-{entry.split('_')[0]}")
+  assert exited.value.code == 0
+  text = capsys.readouterr().out
+  _assert_lists_own_flags(text, ENTRIES[entry], f"hourglass-{entry.split('_')[0]}")
+  if entry == "eval_entry":  # how much it scores, and its own --split
+    assert "the whole split" in " ".join(text.split()) and "--split: The split to score" in text, text
+  if entry == "sample_entry":
+    assert "--split: Images: the split whose first images --prompt_rows completes" in text, text
+
+
+def test_plot_help_exits_0_and_lists_its_flags(monkeypatch, capsys):
+  monkeypatch.setattr(sys, "argv", ["hourglass-plot", "--help"])
+  with pytest.raises(SystemExit) as exited:
+    plot.main()
+  assert exited.value.code == 0
+  text = capsys.readouterr().out
+  _assert_lists_own_flags(text, usage.PLOT_FLAGS, "hourglass-plot")
+  assert "--output: The PNG file to write" in text
 
 
 @pytest.mark.parametrize("command, names", [("hourglass_jax.cli.main import export_entry as entry", usage.EXPORT_FLAGS),
                                             ("hourglass_jax.cli.boundaries import main as entry",
                                              usage.BOUNDARIES_FLAGS)])
 def test_help_of_the_commands_with_flags_of_their_own(command, names):
-  """Each defines flags the others do not have (--output is also hourglass-sample's): one process each."""
+  """Each defines flags the others do not have (--output is also hourglass-sample's): one process each. --help and
+  --helpfull succeed (absl's own exit status for them is 1)."""
   done = run([sys.executable, "-c", f"from {command}; entry()", "--help"],
              timeout=120, devices=1)
+  assert done.returncode == 0, done.stderr[-2000:]
   name = "hourglass-export" if "export" in command else "hourglass-boundaries"
   _assert_lists_own_flags(done.stdout, names, name)
   assert "Try --helpfull" in done.stdout
+  if name == "hourglass-export":
+    assert "--[no]overwrite: Replace another export" in done.stdout
+
+
+@pytest.mark.parametrize("module, names", [("sample_flags", usage.SAMPLE_FLAGS), ("export_flags", usage.EXPORT_FLAGS),
+                                           ("boundaries", usage.BOUNDARIES_FLAGS), ("plot", usage.PLOT_FLAGS)])
+def test_help_lists_every_flag_the_command_defines(module, names):
+  """A flag added to a command's module (e.g. a new sampling option) must be added to what its --help lists."""
+  source = (REPO / "hourglass_jax" / "cli" / f"{module}.py").read_text()
+  defined = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
+  assert defined and defined <= set(names), sorted(defined - set(names))
+
+
+def test_a_bad_flag_still_fails(monkeypatch, capsys):
+  monkeypatch.setattr(sys, "argv", ["hourglass-data", "--no_such_flag=1", "prepare", "stdlib_text"])
+  with pytest.raises(SystemExit) as exited:
+    main.data_entry()
+  assert exited.value.code == 1 and "no_such_flag" in capsys.readouterr().err
 
 
 def test_helpfull_keeps_every_flag(monkeypatch, capsys):
   monkeypatch.setattr(sys, "argv", ["hourglass-train", "--helpfull"])
   _keep_flags_optional(monkeypatch)
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as exited:
     main.train_entry()
+  assert exited.value.code == 0
   text = capsys.readouterr().out
   assert "--verbosity" in text and "--workdir" in text
 

@@ -91,3 +91,11 @@ def test_evaluate_scores_the_whole_split_once_under_each_protocol(tmp_path):
     assert 6 < result["bits"] < 10  # an untrained model: about log2(256) bits per byte
   assert "valid bits/byte" in describe(results["sliding"], "valid") and "sliding windows" in describe(
       results["sliding"], "valid")
+  assert describe(results["sliding"], "valid").endswith("whole split)")
+  with jax.set_mesh(mesh):  # the first batch alone: a partial score, and said so
+    partial = evaluate(trainer, params, "valid", max_batches=1)
+  whole = results["long_context"]  # the protocol cfg.data holds last
+  assert not partial["whole_split"] and (partial["batches"], partial["total_batches"]) == (1, whole["batches"])
+  assert whole["total_batches"] == whole["batches"] > 1 and 0 < partial["tokens"] < whole["tokens"]
+  assert describe(partial, "valid").endswith(
+      f"partial: first 1 of {whole['batches']} batches ({1 / whole['batches']:.0%}))")

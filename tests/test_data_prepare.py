@@ -23,6 +23,11 @@ def test_prepare_builds_and_reports_splits_and_location(tmp_path):
   assert f"text_files at {tmp_path / 'tfds' / 'text_files' / '1.0.0'}" in done.stdout
   assert "train: " in done.stdout and "validation: " in done.stdout and " bytes in " in done.stdout
   assert "--config.data.name=text_files" in done.stdout
+  # Four documents of the same size: one each for test and validation, far from 90/5/5 (one warning line).
+  (warning,) = [line for line in done.stdout.splitlines() if line.startswith("warning:")]
+  assert warning.startswith("warning: text_files split by document holds 50% / 25% / 25% of its bytes in train / "
+                            "validation / test, far from the 90% / 5% / 5% asked") and "split -C 1M" in warning
+  assert "--config.data.name=text_file " in warning
   again = _data("prepare", "text_files", f"--manual_dir={folder}", f"--data_dir={tmp_path / 'tfds'}")
   assert "already prepared" in again.stdout
 

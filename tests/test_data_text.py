@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data import embedded, sources, tfds_io
-from hourglass_jax.data.text_files import find_documents, split_documents
+from hourglass_jax.data.text_files import find_documents, split_documents, split_warning
 
 
 def write_docs(folder, count: int = 12):
@@ -87,6 +87,16 @@ def test_bad_text_input_is_named(tmp_path, setup, error, message):
 def test_find_documents_sorts_and_skips_hidden(tmp_path):
   write_docs(tmp_path / "c", count=3)
   assert [name for name, _ in find_documents([str(tmp_path / "c")])] == [f"c/doc0{i}.txt" for i in range(3)]
+
+
+def test_a_split_far_from_the_asked_fractions_is_named_with_the_fix():
+  message = split_warning(dict(train=58, validation=21, test=21), "text_files", "/data/x/text_files/1.0.0")
+  assert message.startswith("text_files split by document holds 58% / 21% / 21% of its bytes in train / validation "
+                            "/ test, far from the 90% / 5% / 5% asked")
+  assert "delete /data/x/text_files/1.0.0 and prepare again" in message
+  assert split_warning(dict(train=874, validation=78, test=48), "t", "p") is None  # within 3 points of each
+  assert split_warning(dict(train=860, validation=91, test=49), "t", "p") is not None  # validation 9.1%
+  assert split_warning(dict(train=4_104_193, validation=232_703, test=243_802), "stdlib_text", "p") is None
 
 
 def test_ten_byte_corpus_is_too_small(tmp_path):

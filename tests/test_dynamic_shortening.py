@@ -327,6 +327,14 @@ def test_bad_dynamic_settings_are_named(overrides, message):
     small_config(**dict(DYNAMIC, **overrides))
 
 
+def test_the_presets_default_to_the_best_predictor_at_a_fixed_levels_cost():
+  """Without :NAME the learned-shortening presets pick 'whitespace' (the study's lowest bits per byte), and every
+  preset meant for a fixed budget keeps segment capacity 1.0 (a fixed level's slots and FLOPs)."""
+  for cfg in (load_config("dynamic"), load_config("enwik8_dynamic"), load_config("gpu", "dynamic")):
+    assert (cfg.model.boundaries, cfg.model.segment_capacity) == ("whitespace", 1.0)
+  assert load_config("enwik8_dynamic", "gumbel").model.segment_capacity == 1.0
+
+
 @pytest.mark.parametrize("name, params", [("dynamic", 1.6e6), ("enwik8_dynamic", 38e6)])
 @pytest.mark.parametrize("predictor", BOUNDARY_PREDICTORS)
 def test_each_predictor_has_a_cpu_and_an_enwik8_preset(name, params, predictor):

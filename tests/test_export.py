@@ -14,6 +14,7 @@ import safetensors
 import safetensors.numpy
 
 from hourglass_jax import weights
+from hourglass_jax.train import run_files
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.export import export_params
 from tests.helpers import quiet, run, trained_run
@@ -51,6 +52,31 @@ def test_export_loads_back_bit_for_bit(trained):
   assert model.cfg.d_model == cfg.model.d_model
   jax.tree.map(np.testing.assert_array_equal, loaded, params)  # same tree, same bits
   np.testing.assert_array_equal(_logits(model, loaded), _logits(model, params))
+
+
+@pytest.mark.slow
+def test_the_card_says_what_trained_the_weights_and_what_they_score(trained, tmp_path):
+  """The data set, steps, tokens seen, version, license and intended use; a whole-split score recorded for the step
+  (hourglass-eval's) is in its model-index, the trainer's partial evaluation (eval_batches=1) is not."""
+  workdir, cfg, _, _, card = trained
+  tokens = cfg.data.batch_size * cfg.data.seq_len
+  assert card["training"] == dict(dataset="stdlib_text", source=None, steps=4, tokens_seen=4 * tokens,
+                                  batch_size=cfg.data.batch_size, seq_len=cfg.data.seq_len)
+  assert card["datasets"] == ["stdlib_text"] and card["library_name"] == "hourglass_jax"
+  assert card["hourglass_jax_version"] and card["license"] is None
+  assert "Not evaluated for safety" in card["intended_use"]
+  logged = [r for r in run_files.read_metrics(workdir) if r["step"] == 4 and r["split"] == "valid"]
+  assert logged and not logged[0]["whole_split"] and card["model-index"][0]["results"] == []
+
+  run_files.record_evaluation(workdir, 4, "test", dict(bits=2.5, loss=1.7, whole_split=True, metrics={}))
+  run_files.record_evaluation(workdir, 2, "valid", dict(bits=3.0, loss=2.1, whole_split=True, metrics={}))
+  card = export_params(workdir, tmp_path / "out", log=quiet, license_id="apache-2.0")
+  (result,) = card["model-index"][0]["results"]  # step 4's only
+  assert result == dict(task=dict(type="text-generation"), dataset=dict(name="stdlib_text", type="stdlib_text",
+                                                                        split="test"),
+                        metrics=[dict(type="bits_per_byte", value=2.5, name="test bits/byte, whole split")])
+  assert card["license"] == "apache-2.0"
+  assert weights.read_card(tmp_path / "out")["training"]["tokens_seen"] == 4 * tokens
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 checkpoints and TensorBoard events to the bucket, resumes from it past a damaged checkpoint (moved aside within the
 bucket), and hourglass-eval reads it back. pathlib would have turned gs://bucket/run into a local gs:/bucket/run."""
 
+import json
 import re
 import subprocess
 import sys
@@ -81,6 +82,9 @@ def test_train_resume_and_evaluate_with_a_gcs_workdir(emulator, tmp_path):
   names = [blob.name for blob in bucket.list_blobs(prefix="run/")]
   assert {n.split("/")[2] for n in names if n.startswith("run/checkpoints/")} == {"4", "6"}  # 4 retrained; keep=2
   assert any(re.match(r"run/checkpoints_unreadable/4-\d+/", n) for n in names)
+  # metrics.jsonl, rewritten whole in a bucket: steps 2 and 4 of the first run, then 4 and 6 from step 2 on.
+  steps = [json.loads(line)["step"] for line in bucket.blob("run/metrics.jsonl").download_as_text().splitlines()]
+  assert steps == [2, 4, 6, 6], steps  # the last: step 6's evaluation
 
   out = _run(emulator, tmp_path, entry="eval_entry")
   assert re.search(r"step 6: valid bits/byte [0-9.]+", out), out

@@ -1,5 +1,6 @@
 """The command lines run end to end: hourglass-train trains, checkpoints and logs; hourglass-eval scores it."""
 
+import json
 import sys
 
 import numpy as np
@@ -25,17 +26,22 @@ def test_train_then_eval_commands(tmp_path):
   assert list(tmp_path.glob("events.out.tfevents.*"))
   sample = next(line for line in train.stdout.splitlines() if "hourglass-sample --config=" in line)
   assert f"--workdir={tmp_path} " in sample and sample.endswith("--config.train.steps=3 --prompt='def '")
-  assert f"TensorBoard logs: {tmp_path}" in train.stdout
+  assert f"TensorBoard logs in {tmp_path}" in train.stdout
+  assert "step 3: valid bits/byte" in train.stdout and "partial: first 1 of " in train.stdout
 
   evaluate = run(train_command(tmp_path, "--split=test", entry="eval_entry"))
   assert evaluate.returncode == 0, evaluate.stderr[-3000:]
-  assert "step 3: test bits/byte" in evaluate.stdout
+  (line,) = [line for line in evaluate.stdout.splitlines() if line.startswith("step 3: test bits/byte")]
+  assert line.endswith("whole split)") and "partial" not in line  # not the config's eval_batches=1
+  assert json.loads((tmp_path / "evaluations" / "3_test.json").read_text())["whole_split"] is True
 
 
-def test_train_command_rejects_a_bad_override(tmp_path):
-  bad = run(train_command(tmp_path, "--config.model.kind=hourglass", "--config.model.hierarchy=1@1 2@3 2@3 1@1"))
+def test_train_command_rejects_a_bad_override_leaving_no_workdir(tmp_path):
+  workdir = tmp_path / "new" / "run"
+  bad = run(train_command(workdir, "--config.model.kind=hourglass", "--config.model.hierarchy=1@1 2@3 2@3 1@1"))
   assert bad.returncode != 0
   assert "model.hierarchy='1@1 2@3 2@3 1@1'" in bad.stderr
+  assert not (tmp_path / "new").exists() and tmp_path.is_dir()  # the failed start removed the folders it made
 
 
 def _one_error_line(done, *expected: str) -> None:

@@ -17,6 +17,20 @@ def test_bucket_urls_keep_their_scheme_and_local_paths_become_absolute():
   assert paths.is_remote("gs://bucket/x") and not paths.is_remote("/tmp/gs:/bucket")
 
 
+def test_a_failed_start_removes_only_the_empty_folders_it_made(tmp_path):
+  """hourglass-train removes first_missing(workdir) after a failed start: the folders it made, as far as empty."""
+  assert paths.first_missing(tmp_path) is None and paths.first_missing("gs://bucket/run") is None
+  made = paths.first_missing(tmp_path / "a" / "b" / "run")
+  assert made == str(tmp_path / "a")
+  (tmp_path / "a" / "b" / "run" / "checkpoints").mkdir(parents=True)
+  paths.remove_empty_folders(made)
+  assert not (tmp_path / "a").exists() and tmp_path.is_dir()
+  (tmp_path / "a" / "b" / "run" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "a" / "b" / "log.txt").write_text("kept")
+  paths.remove_empty_folders(made)  # a file stays, with the folders above it; the empty ones beside it go
+  assert (tmp_path / "a" / "b" / "log.txt").read_text() == "kept" and not (tmp_path / "a" / "b" / "run").exists()
+
+
 def test_a_url_this_install_cannot_open_is_refused_with_the_fix(monkeypatch):
   paths.check_writable_location("/tmp/run", "--workdir")  # local: nothing to check
   with pytest.raises(ValueError, match="unsupported URL scheme 'ftp'"):

@@ -1,10 +1,12 @@
 """`hourglass-boundaries`: where a learned-shortening model cuts a text, the bytes with a '|' after each segment
 boundary ('||' where a nested dynamic level's segment closes too).
 
-Reads weights exported with `hourglass-export` from a model trained with `shorten='dynamic'` (configs/dynamic.py),
-runs the forward pass in evaluation mode and marks the boundary decisions the dynamic level sows into
-'intermediates' (a boundary after byte t closes the segment that holds t).
+Reads weights exported with `hourglass-export`, or the newest checkpoint of a training run's workdir, of a model
+trained with `shorten='dynamic'` (configs/dynamic.py), runs the forward pass in evaluation mode and marks the
+boundary decisions the dynamic level sows into 'intermediates' (a boundary after byte t closes the segment that
+holds t).
 
+  hourglass-boundaries --workdir=/tmp/dynamic --text="First Citizen: Before we proceed any further"
   hourglass-export --workdir=/tmp/dynamic --output=exported/dynamic
   hourglass-boundaries --weights=exported/dynamic --text="First Citizen: Before we proceed any further"
 
@@ -13,6 +15,7 @@ A 'gumbel' model marks where sigmoid(logit) > 1/2 unless `--gumbel_evaluation=sa
 """
 
 import dataclasses
+import os
 import sys
 
 import jax.numpy as jnp
@@ -20,6 +23,7 @@ import numpy as np
 
 from hourglass_jax.model import build_model
 from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.train.checks import TrainError
 from hourglass_jax.weights import load_params
 
 
@@ -50,12 +54,32 @@ def marked(text: bytes, depth) -> str:
   return "".join(chr(byte).replace("\n", "⏎") + "|" * int(levels) for byte, levels in zip(text, depth))
 
 
-def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[str, np.ndarray]:
+def load(weights=None, workdir=None):
+  """(model, params) of exported `weights`, or of the newest checkpoint of a training run's `workdir` (read-only,
+  verified as hourglass-eval reads it)."""
+  if (weights is None) == (workdir is None):
+    raise ValueError("pass --weights=EXPORTED_FOLDER or --workdir=TRAINING_RUN (one of the two).")
+  if weights is not None:
+    if os.path.isdir(os.path.join(os.path.expanduser(os.fspath(weights)), "checkpoints")):
+      raise ValueError(f"--weights={weights} is a training workdir, not an export: pass --workdir={weights} to read "
+                       "its newest checkpoint.")
+    return load_params(weights)
+  from hourglass_jax.train.checkpoint import read_params  # pylint: disable=import-outside-toplevel
+
+  params, _, record = read_params(workdir, None, log=lambda message: print(message, file=sys.stderr))
+  if "model" not in record:
+    raise ValueError(f"the newest checkpoint under {workdir} records no model settings; export it with "
+                     "hourglass-export --step=N of another step, or retrain.")
+  return build_model(record["model"]), params
+
+
+def show(weights, text: bytes, gumbel_evaluation: str | None = None, workdir=None) -> tuple[str, np.ndarray]:
   """(the marked text and a summary line per level, the outermost level's boundaries) of the model exported to
-  `weights` on `text`; `gumbel_evaluation` overrides the model's (model.gumbel_evaluation) when given."""
+  `weights` (or trained in `workdir`) on `text`; `gumbel_evaluation` overrides the model's (model.gumbel_evaluation)
+  when given."""
   if not text:
     raise ValueError("--text is empty; give at least one byte to cut into segments.")
-  model, params = load_params(weights)
+  model, params = load(weights, workdir)
   if gumbel_evaluation:
     model = build_model(dataclasses.replace(model.cfg, gumbel_evaluation=gumbel_evaluation))
   cfg, levels = model.cfg, level_boundaries(model, params, text)
@@ -72,18 +96,21 @@ def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[st
 
 
 def main():
-  """hourglass-boundaries --weights=DIR --text=TEXT"""
+  """hourglass-boundaries --weights=DIR|--workdir=DIR --text=TEXT"""
   from absl import app, flags  # the flags are this command's only: defined when it runs
 
   if "weights" not in flags.FLAGS:  # defined once per process (main may run again in the same one)
-    flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.", required=True)
+    flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.")
     flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
     flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
                       "'gumbel' only: how evaluation decides (default: the model's own setting).")
-  weights, text, evaluation = (flags.FLAGS[name] for name in ("weights", "text", "gumbel_evaluation"))
+  if "workdir" not in flags.FLAGS:  # hourglass_jax.cli.main defines it too, where it was imported
+    flags.DEFINE_string("workdir", None, WORKDIR_HELP)
+  weights, workdir, text, evaluation = (flags.FLAGS[name] for name in ("weights", "workdir", "text",
+                                                                        "gumbel_evaluation"))
   from hourglass_jax.cli import usage
 
-  usage.declare(usage.BOUNDARIES, usage.BOUNDARIES_FLAGS)
+  usage.declare(usage.BOUNDARIES, usage.BOUNDARIES_FLAGS, helps=dict(workdir=WORKDIR_HELP))
 
   def run(argv):
     if len(argv) > 1:
@@ -95,11 +122,14 @@ def main():
       sys.exit("error: --text holds bytes that are not UTF-8 text (the shell passed them through undecoded); pass "
                "the text as UTF-8.")
     try:
-      print(show(weights.value, data, evaluation.value)[0])
-    except (ValueError, OSError) as error:  # bad weights or text: one line naming them (no traceback)
+      print(show(weights.value, data, evaluation.value, workdir.value)[0])
+    except (ValueError, OSError, TrainError) as error:  # bad weights, run or text: one line naming them
       sys.exit(f"error: {error}")
 
-  app.run(run)
+  app.run(run, flags_parser=usage.parse_flags)
+
+
+WORKDIR_HELP = "A hourglass-train workdir: its newest checkpoint is read (instead of --weights)."
 
 
 if __name__ == "__main__":

@@ -11,10 +11,13 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: 
 _DTYPE = flags.DEFINE_enum("dtype", "float32", DTYPES, "Array dtype in the file: float32 as trained, or bfloat16 "
                            "for half the size.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace another export already in --output.")
+_LICENSE = flags.DEFINE_string("license", None, "The card's license: a Hugging Face license id such as apache-2.0 "
+                               "(default: none stated; the training data's terms may restrict it).")
 
 
 def run(workdir: str) -> dict:
   paths.check_writable_location(_OUTPUT.value, "--output", create=True)
   from hourglass_jax.train.export import export_params  # pylint: disable=import-outside-toplevel
 
-  return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value, overwrite=_OVERWRITE.value)
+  return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value, overwrite=_OVERWRITE.value,
+                       license_id=_LICENSE.value)

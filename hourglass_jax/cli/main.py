@@ -14,7 +14,9 @@ from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_l
 
 _CONFIG = define_config_flag("config", "A configs/*.py file, optionally with :preset (configs/dynamic.py:whitespace).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
-_SPLIT = flags.DEFINE_string("split", None, "hourglass-eval: split to evaluate (default data.eval_split).")
+_SPLIT = flags.DEFINE_string("split", None, "Split to read (default data.eval_split); each command's --help says "
+                             "what it reads it for.")
+_BATCHES = flags.DEFINE_integer("batches", 0, usage.EVAL_BATCHES_HELP)
 _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
                                  "Call jax.distributed.initialize (auto: when a coordinator or a cluster is found).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for manual launches.")
@@ -29,9 +31,10 @@ _HOST_MALLOC = flags.DEFINE_enum(
 
 
 def _parse_flags(argv):
-  """absl's parser; a bad --config override (unknown key, wrong type) ends with config_flags' message."""
+  """absl's parser; a bad --config override (unknown key, wrong type) ends with config_flags' message, and --help
+  (which absl ends with status 1) with status 0."""
   try:
-    return app.parse_flags_with_usage(argv)
+    return usage.parse_flags(argv)
   except ConfigFileError as error:
     sys.exit(f"error: {error}")
   except (AttributeError, KeyError, TypeError, ValueError) as error:
@@ -102,10 +105,11 @@ def _run_reader(fn, what: str):
     sys.exit(preemption.EXIT_INTERRUPTED)
 
 
-def _start(command, text: str, names, required=("config", "workdir"), level=absl_logging.ERROR) -> None:
+def _start(command, text: str, names, required=("config", "workdir"), level=absl_logging.ERROR, helps=None) -> None:
   """Runs `command()` after `_setup(level)`, as a program without positional arguments whose --help shows `text` and
-  the flags `names` (the default level suits the readers: a read-only checkpoint manager warns that it is one)."""
-  usage.declare(text, names)
+  the flags `names` (`helps`: this command's own help of a shared flag; the default level suits the readers: a
+  read-only checkpoint manager warns that it is one)."""
+  usage.declare(text, names, helps)
   flags.mark_flags_as_required(list(required))
 
   def main(argv):
@@ -120,7 +124,10 @@ def _start(command, text: str, names, required=("config", "workdir"), level=absl
 def _train():
   from hourglass_jax.train.loop import train_and_evaluate
 
+  created = [None]  # the outermost folder the run makes: removed again if it fails before writing a file into it
+
   def train():
+    created[0] = paths.first_missing(_WORKDIR.value)
     _check_locations()
     paths.as_path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)
     return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
@@ -131,8 +138,12 @@ def _train():
     summary = _run(train)
     stopped = summary["stopped"]  # a stop after saving is not "finished": schedulers requeue on its code
   except KeyboardInterrupt:  # a second Ctrl-C, perhaps during a save
+    paths.remove_empty_folders(created[0])
     _exit_now("error: aborted by a second Ctrl-C; the steps since the last checkpoint are lost. Rerun the same "
               "command to resume from it.", preemption.EXIT_INTERRUPTED)
+  except BaseException:
+    paths.remove_empty_folders(created[0])
+    raise
   if stopped == "done" and summary["step"] > summary["start_step"]:
     _print_next_steps()
   sys.exit({"preempted": preemption.EXIT_PREEMPTED, "interrupted": preemption.EXIT_INTERRUPTED}.get(stopped, 0))
@@ -160,8 +171,9 @@ def _print_next_steps() -> None:
 def _eval():
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
-  _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(_CONFIG.value, _WORKDIR.value,
-                                                                            _SPLIT.value), "hourglass-eval")
+  _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(
+      _CONFIG.value, _WORKDIR.value, _SPLIT.value, max_batches=_BATCHES.value, progress=True, record=True),
+              "hourglass-eval")
 
 
 def train_entry():
@@ -169,7 +181,7 @@ def train_entry():
 
 
 def eval_entry():
-  _start(_eval, usage.EVAL, usage.EVAL_FLAGS)
+  _start(_eval, usage.EVAL, usage.EVAL_FLAGS, helps=dict(split=usage.EVAL_SPLIT_HELP))
 
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "hourglass-data: TFDS data directory (default $TFDS_DATA_DIR, "
@@ -206,7 +218,7 @@ def _sample():
 def sample_entry():
   from hourglass_jax.cli import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
 
-  _start(_sample, usage.SAMPLE, usage.SAMPLE_FLAGS)
+  _start(_sample, usage.SAMPLE, usage.SAMPLE_FLAGS, helps=dict(split=usage.SAMPLE_SPLIT_HELP))
 
 
 def _export():

@@ -4,7 +4,7 @@ the main module); `--helpfull` keeps every flag, absl's and jax's included. `qui
 import logging
 import sys
 
-from absl import flags
+from absl import app, flags
 from absl import logging as absl_logging
 
 _CONFIG_OVERRIDES = "Any config field is a flag too: --config.SECTION.FIELD=VALUE (docs/training.md)."
@@ -16,12 +16,19 @@ Example:
 
 {_CONFIG_OVERRIDES}"""
 
-EVAL = f"""hourglass-eval: scores the workdir's newest checkpoint on a split (bits per byte).
+EVAL = f"""hourglass-eval: scores the workdir's newest checkpoint on a split (bits per byte), the whole split
+unless --batches asks for a quick partial score (its line then says "partial" and how much it scored). A whole-split
+score is also written to WORKDIR/evaluations/STEP_SPLIT.json, for the card hourglass-export writes.
 
 Example:
   .venv/bin/hourglass-eval --config=configs/default.py --workdir=workdirs/default --split=test
 
 {_CONFIG_OVERRIDES}"""
+EVAL_SPLIT_HELP = "The split to score: valid or test (default data.eval_split)."
+EVAL_BATCHES_HELP = ("Score only the first N batches of the split, a quick partial score (0 = the whole split). "
+                     "data.eval_batches sets the trainer's periodic evaluations only.")
+SAMPLE_SPLIT_HELP = ("Images: the split whose first images --prompt_rows completes (default data.eval_split); text "
+                     "configs do not read it.")
 
 SAMPLE = f"""hourglass-sample: generates from the workdir's newest checkpoint with the KV cache (text, or PNG grids).
 
@@ -38,33 +45,60 @@ Usage: hourglass-data prepare NAME [--manual_dir=DIR] [--data_dir=DIR]   (the da
 Example:
   .venv/bin/hourglass-data prepare text_files --manual_dir=my_texts/ --data_dir=data/my_texts"""
 
-EXPORT = """hourglass-export: writes a checkpoint's parameters as safetensors with a JSON model card.
+EXPORT = """hourglass-export: writes a checkpoint's parameters as safetensors with a JSON model card (the model, the
+data set, steps and tokens seen, the recorded bits per byte, version, license and intended use).
 
 Example:
   .venv/bin/hourglass-export --workdir=workdirs/default --output=exported/default --dtype=bfloat16"""
 
-BOUNDARIES = """hourglass-boundaries: shows where a learned-shortening model cuts a text ('|' after each boundary).
+BOUNDARIES = """hourglass-boundaries: shows where a learned-shortening model cuts a text ('|' after each boundary),
+from exported weights (--weights) or a training run's newest checkpoint (--workdir).
 
 Example:
-  .venv/bin/hourglass-boundaries --weights=exported/dynamic --text='The ship sailed at dawn.'"""
+  .venv/bin/hourglass-boundaries --weights=exported/dynamic --text='The ship sailed at dawn.'
+  .venv/bin/hourglass-boundaries --workdir=workdirs/dynamic --text='The ship sailed at dawn.'"""
+
+PLOT = """hourglass-plot: draws the learning curves of one or more runs (their WORKDIR/metrics.jsonl) into a PNG.
+
+Usage: hourglass-plot WORKDIR [WORKDIR...] --output=FILE.png   (needs matplotlib: pip install 'hourglass-jax[plot]')
+
+Example:
+  .venv/bin/hourglass-plot workdirs/tiny workdirs/default --output=curves.png"""
 
 _DISTRIBUTED = ("distributed", "coordinator_address", "num_processes", "process_id")
 _RUNTIME = ("compilation_cache", "host_malloc")
 TRAIN_FLAGS = ("config", "workdir", *_RUNTIME, *_DISTRIBUTED)
-EVAL_FLAGS = ("config", "workdir", "split", *_RUNTIME, *_DISTRIBUTED)
+EVAL_FLAGS = ("config", "workdir", "split", "batches", *_RUNTIME, *_DISTRIBUTED)
 SAMPLE_FLAGS = ("config", "workdir", "split", "prompt", "prompt_file", "num_samples", "max_new_tokens", "temperature",
                 "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", "draft", "draft_tokens",
                 *_RUNTIME, *_DISTRIBUTED)
 DATA_FLAGS = ("data_dir", "manual_dir")
-EXPORT_FLAGS = ("workdir", "output", "step", "dtype", *_RUNTIME)
-BOUNDARIES_FLAGS = ("weights", "text", "gumbel_evaluation")
+EXPORT_FLAGS = ("workdir", "output", "step", "dtype", "overwrite", "license", *_RUNTIME)
+BOUNDARIES_FLAGS = ("weights", "workdir", "text", "gumbel_evaluation")
+PLOT_FLAGS = ("output", "x")
+_HELP_FLAGS = ("help", "h", "?", "helpshort", "helpfull", "helpxml")
 
 
-def declare(text: str, names) -> None:
-  """Makes `--help` print `text` and the flags `names`, however the command was started (console script, -m, -c)."""
+def declare(text: str, names, helps: dict | None = None) -> None:
+  """Makes `--help` print `text` and the flags `names`, however the command was started (console script, -m, -c);
+  `helps`: this command's own help text of flags it shares with others (--split)."""
   sys.modules["__main__"].__doc__ = text + "\n"
   for name in names:
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+  for name, help_text in (helps or {}).items():
+    flags.FLAGS[name].help = help_text
+
+
+def parse_flags(argv):
+  """absl's parser (app.run's flags_parser), except that --help (--helpfull, -h, ...), which absl ends with status 1
+  as if it had failed, ends with status 0."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except SystemExit as exit_:
+    asked = {arg.lstrip("-").split("=")[0] for arg in argv[1:] if arg.startswith("-")}
+    if exit_.code == 1 and asked & set(_HELP_FLAGS):
+      sys.exit(0)
+    raise
 
 
 def quiet_logs(level=absl_logging.WARNING) -> None:

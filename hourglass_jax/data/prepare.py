@@ -5,22 +5,25 @@ import time
 
 from hourglass_jax import paths
 from hourglass_jax.data import catalog, tfds_io
+from hourglass_jax.data.text_files import split_warning
 
 
 def _disk_bytes(path) -> int:
   return sum((folder / name).stat().length for folder, _, files in paths.as_path(path).walk() for name in files)
 
 
-def split_summary(name: str, data_dir: str | None) -> list[str]:
-  """One line per split: how many bytes (text) or images, and how many records hold them."""
+def split_summary(name: str, data_dir: str | None, sizes: dict | None = None) -> list[str]:
+  """One line per split: how many bytes (text) or images, and how many records hold them; `sizes` (a dict) gets
+  each text split's bytes."""
   from hourglass_jax.data.byte_chunks import ByteStream  # pylint: disable=import-outside-toplevel
 
-  spec, lines = catalog.get(name), []
+  spec, lines, sizes = catalog.get(name), [], {} if sizes is None else sizes
   builder = tfds_io.get_builder(name, data_dir)
   for split in builder.info.splits.keys():
     records = builder.as_data_source(split=split)
     if spec.kind == "text":
-      lines.append(f"  {split}: {len(ByteStream(records)):,} bytes in {len(records):,} records")
+      sizes[split] = len(ByteStream(records))
+      lines.append(f"  {split}: {sizes[split]:,} bytes in {len(records):,} records")
     else:
       shape = "x".join(map(str, records[0]["image"].shape)) if len(records) else "-"
       lines.append(f"  {split}: {len(records):,} images ({shape})")
@@ -41,7 +44,10 @@ def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | No
     log(f"built {name} in {time.perf_counter() - start:.1f} s")
   path = builder.data_path
   log(f"{name} at {path} ({_disk_bytes(path) / 2**20:.1f} MiB on disk, array_record):")
-  for line in split_summary(name, str(root)):
+  sizes = {}
+  for line in split_summary(name, str(root), sizes):
     log(line)
+  if warning := split_warning(sizes, name, path):
+    log(f"warning: {warning}")
   log(f"train on it with --config.data.name={name} --config.data.data_dir={root}")
   return str(path)

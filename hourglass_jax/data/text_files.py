@@ -19,6 +19,7 @@ from hourglass_jax.data.catalog import SPLIT_NAMES, split_bounds
 from hourglass_jax.data.embedded import stdlib_source_files
 
 HELD_OUT_FRACTION = 0.05
+SPLIT_TOLERANCE = 3.0  # percentage points a split may end from its asked fraction before prepare warns
 _READ_BLOCK = 1 << 20
 
 
@@ -92,6 +93,21 @@ def split_documents(names: Sequence[str], sizes: Sequence[int]) -> dict[str, lis
       raise ValueError(f"text_files: {total} bytes of text are too few to give the {split} split any; use at least "
                        "20 bytes (or 3 documents).")
   return ranges
+
+
+def split_warning(sizes: dict[str, int], name: str, path, points: float = SPLIT_TOLERANCE) -> str | None:
+  """The warning for text splits (`sizes`: bytes per split) more than `points` percentage points from the 90% /
+  5% / 5% asked, which splitting by document gives when a few documents hold most of the text; None otherwise."""
+  total = sum(sizes.get(split, 0) for split in SPLIT_NAMES)
+  asked = dict(zip(SPLIT_NAMES, (1 - 2 * HELD_OUT_FRACTION, HELD_OUT_FRACTION, HELD_OUT_FRACTION)))
+  if not total or all(abs(sizes.get(split, 0) / total - asked[split]) * 100 <= points for split in SPLIT_NAMES):
+    return None
+  actual = " / ".join(f"{sizes.get(split, 0) / total:.0%}" for split in SPLIT_NAMES)
+  return (f"{name} split by document holds {actual} of its bytes in {' / '.join(SPLIT_NAMES)}, far from the "
+          f"{' / '.join(f'{f:.0%}' for f in asked.values())} asked: a few documents hold most of the text. Split the "
+          "large files into smaller ones (e.g. `split -C 1M FILE FILE.part-`), delete "
+          f"{path} and prepare again, or train on one file with --config.data.name=text_file "
+          "--config.data.path=FILE (split 90/5/5 in order).")
 
 
 def _read_ranges(paths: Sequence[pathlib.Path], parts):

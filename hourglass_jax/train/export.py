@@ -1,19 +1,29 @@
 """`hourglass-export`: a checkpoint's parameters (only those: no optimizer state) restored read-only from a run's
 workdir by the one checkpoint reader (checkpoint.read_params: verified against the fingerprints recorded when it
-was saved) and written as safetensors with a model card (hourglass_jax.weights)."""
+was saved) and written as safetensors with a model card (hourglass_jax.weights) that says what they are: the
+training data, steps and tokens seen, the whole-split scores recorded for that step, license and intended use (the
+Hugging Face model-card metadata names where they fit: license, library_name, datasets, pipeline_tag,
+model-index)."""
 
 from hourglass_jax import paths, weights
+from hourglass_jax.data import sources
+from hourglass_jax.train import run_files
 from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.checks import TrainError
 
+INTENDED_USE = ("Research and experiments with hierarchical byte-level models: scoring and sampling text like its "
+                "training data. Not evaluated for safety, bias or factual accuracy, and not for use in products or "
+                "decisions about people.")
+
 
 def export_params(workdir, output_dir, step: int | None = None, dtype: str | None = None, log=print,
-                  overwrite: bool = False) -> dict:
+                  overwrite: bool = False, license_id: str | None = None) -> dict:
   """Writes checkpoint `step` (default: the newest) of `workdir` to `output_dir`/model.safetensors + config.json,
   atomically; a folder holding another export is replaced only with `overwrite` (weights.save_params).
 
   Read-only like hourglass-eval: it takes no workdir lock, so it can export from a run in progress. `dtype`
-  'bfloat16' halves the file; None keeps the float32 the run saved. Returns the model card.
+  'bfloat16' halves the file; None keeps the float32 the run saved. `license_id`: the card's license (a Hugging Face
+  license id such as 'apache-2.0'; None: not stated). Returns the model card.
   """
   if not paths.as_path(workdir).is_dir():
     raise TrainError(f"--workdir={workdir} is not a folder; pass the --workdir of a hourglass-train run.")
@@ -25,7 +35,35 @@ def export_params(workdir, output_dir, step: int | None = None, dtype: str | Non
     raise TrainError(f"checkpoint step {step} under {directory} records no model config (its metadata file is "
                      "missing), so the exported weights could not say which model they belong to.")
   card = weights.save_params(params, record["model"], output_dir, step=step, seq_len=record.get("seq_len"),
-                             dtype=dtype, overwrite=overwrite)
+                             dtype=dtype, overwrite=overwrite, about=about_run(workdir, step, record, license_id))
   log(f"exported step {step}: {card['num_params']:,} parameters ({card['weights_dtype']}) to "
       f"{paths.as_path(output_dir) / weights.WEIGHTS_FILE} and {weights.CARD_FILE}")
   return card
+
+
+def about_run(workdir, step: int, record: dict, license_id: str | None = None) -> dict:
+  """The card's fields about the run that trained checkpoint `step`: its data set, steps and tokens seen, and the
+  whole-split scores recorded for that step (hourglass-eval's, and the trainer's own when it scored a whole split),
+  from the checkpoint's record and the workdir's run files (run_files.py)."""
+  data = record.get("data") or {}
+  dataset = data.get("name")
+  unit = "dim" if dataset and sources.dataset_kind(dataset) == "image" else "byte"
+  seen = [r.get("tokens_seen") for r in run_files.read_metrics(workdir) if r["step"] == step and "tokens_seen" in r]
+  tokens = seen[-1] if seen else (step * record["batch_size"] * record["seq_len"] if "batch_size" in record else None)
+  scores = {r["split"]: r for r in run_files.read_metrics(workdir)
+            if r["step"] == step and r.get("whole_split") and f"bits_per_{unit}" in r}
+  scores.update({split: dict(r, **{f"bits_per_{unit}": r["bits"]})
+                 for split, r in run_files.evaluations(workdir, step).items() if "bits" in r})
+  task = "text-generation" if unit == "byte" else "unconditional-image-generation"
+  results = [dict(task=dict(type=task),
+                  dataset=dict(name=dataset, type=dataset, split=split),
+                  metrics=[dict(type=f"bits_per_{unit}", value=round(score[f"bits_per_{unit}"], 6),
+                                name=f"{split} bits/{unit}, whole split")])
+             for split, score in sorted(scores.items())]
+  return {"license": license_id, "library_name": "hourglass_jax",
+          "pipeline_tag": task,
+          "datasets": [dataset] if dataset else [], "intended_use": INTENDED_USE,
+          "training": dict(dataset=dataset, source=data.get("source"), steps=step, tokens_seen=tokens,
+                           batch_size=record.get("batch_size"), seq_len=record.get("seq_len")),
+          "model-index": [dict(name=f"hourglass_jax {record['model'].get('kind', '')} step {step}".strip(),
+                               results=results)]}

@@ -18,7 +18,9 @@ from hourglass_jax.train.checks import TrainError, warmup_warning
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.prefetch import DevicePrefetch
 from hourglass_jax.train.preemption import StopSignals
+from hourglass_jax.train.progress import progress_bar
 from hourglass_jax.train.report import report_compiled
+from hourglass_jax.train.run_files import MetricsLog
 from hourglass_jax.train.trainer import Trainer
 from hourglass_jax.train.workdir_lock import WorkdirLock
 
@@ -77,13 +79,18 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
     seconds, cache = time.perf_counter() - begin, compile_cache.counts() - cache
     perf = report_compiled(trainer, compiled, log)
     log(f"compile: {seconds:.1f} s ({compile_cache.describe(cache)})")
-    with metrics_lib.SummaryWriter(str(workdir), jax.process_index() == 0) as writer:
-      return dict(_train(trainer, compiled, perf, restored, checkpoints, signals, writer, log),
-                  compile_seconds=seconds, compile_cache_hits=cache.hits, compile_saved_seconds=cache.saved_seconds)
+    main = jax.process_index() == 0
+    with metrics_lib.SummaryWriter(str(workdir), main) as writer:
+      metrics_log = MetricsLog(workdir, restored[2] if restored else 0, main)
+      try:
+        return dict(_train(trainer, compiled, perf, restored, checkpoints, signals, writer, metrics_log, log),
+                    compile_seconds=seconds, compile_cache_hits=cache.hits, compile_saved_seconds=cache.saved_seconds)
+      finally:
+        metrics_log.close()
 
 
 def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, signals: StopSignals,
-           writer, log) -> dict:
+           writer, metrics_log: MetricsLog, log) -> dict:
   cfg, total = trainer.cfg, trainer.cfg.train.steps
   record = config_record(cfg)
   unit = "dim" if sources.dataset_kind(cfg.data.name) == "image" else "byte"  # bits per dim for images
@@ -97,8 +104,8 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
   summary = dict(start_step=start, step=start, losses={}, eval=None, stopped="done", sample=None)
   tokens_per_step = trainer.batch_size * trainer.seq_len
   meter, pending, saved = _Meter(), None, (checkpoints.all_steps() or [None])[-1]
-  bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
-             dynamic_ncols=True, bar_format=_BAR)  # no rate of its own: the postfix has the window's speed
+  bar = progress_bar(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
+                     dynamic_ncols=True, bar_format=_BAR)  # no rate of its own: the postfix has the window's speed
 
   warned_mfu, warned_rates, train_extras, losses = False, set(), {}, ""
 
@@ -133,6 +140,10 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
                             "perf/mfu": mfu})
       # What the model reports beside the LM loss (auxiliary losses, sown metrics), from this step.
       writer.scalars(step, {f"train/{name}": value for name, value in train_extras.items()})
+      metrics_log.write(dict(step=step, split="train", loss=loss, **{f"bits_per_{unit}": loss / math.log(2)},
+                             tokens_seen=metrics_log.tokens_seen(step, tokens_per_step),
+                             tokens_per_second=tokens_per_step / seconds, learning_rate=values["learning_rate"],
+                             grad_norm=grad_norm, **train_extras))
 
   distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
   try:
@@ -155,10 +166,16 @@ def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkp
         break
       if step == total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
         drain()
-        summary["eval"] = evaluate(trainer, state.params, cfg.data.eval_split, cfg.data.eval_batches)
-        writer.scalars(step, {"eval/loss": summary["eval"]["loss"], f"eval/bits_per_{unit}": summary["eval"]["bits"],
-                              **{f"eval/{name}": value for name, value in summary["eval"]["metrics"].items()}})
-        log(f"step {step}: {describe(summary['eval'], cfg.data.eval_split)}")
+        result = summary["eval"] = evaluate(trainer, state.params, cfg.data.eval_split, cfg.data.eval_batches)
+        tag = "eval" if result["whole_split"] else "eval_partial"  # a partial score is never shown as the split's
+        writer.scalars(step, {f"{tag}/loss": result["loss"], f"{tag}/bits_per_{unit}": result["bits"],
+                              **{f"{tag}/{name}": value for name, value in result["metrics"].items()}})
+        metrics_log.write(dict(step=step, split=cfg.data.eval_split, loss=result["loss"],
+                               **{f"bits_per_{unit}": result["bits"]},
+                               tokens_seen=metrics_log.tokens_seen(step, tokens_per_step),
+                               whole_split=result["whole_split"], batches=result["batches"],
+                               total_batches=result["total_batches"], **result["metrics"]))
+        log(f"step {step}: {describe(result, cfg.data.eval_split)}")
         for name, warning in metrics_lib.boundary_rates_apart(train_extras, summary["eval"]["metrics"]).items():
           if name not in warned_rates:  # once per level
             warned_rates.add(name)

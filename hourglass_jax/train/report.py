@@ -48,19 +48,20 @@ def report_compiled(trainer, compiled, log) -> dict:
 
 
 def next_steps(config: str, workdir: str, overrides=(), text: bool = True, bin_dir: str = "") -> str:
-  """What a finished run prints last: where its checkpoints and TensorBoard logs are and the commands that sample,
-  evaluate and export it (`config`: the --config argument, `overrides`: the --config.* arguments the run had,
-  `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
+  """What a finished run prints last: where its checkpoints, metrics and TensorBoard logs are and the commands that
+  sample, evaluate, export and plot it (`config`: the --config argument, `overrides`: the --config.* arguments the
+  run had, `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
   run = " ".join(shlex.quote(arg) for arg in (f"--config={config}", f"--workdir={workdir}", *overrides))
   command = lambda name: shlex.quote(f"{bin_dir}/{name}" if bin_dir else name)
   prompt = " --prompt='def '" if text else ""
   output = shlex.quote(f"{str(workdir).rstrip('/')}_export")
+  folder = str(workdir).rstrip("/")
   return "\n".join([
-      f"checkpoints: {str(workdir).rstrip('/')}/checkpoints (the same command resumes; a larger "
-      "--config.train.steps trains on)",
-      f"TensorBoard logs: {workdir}",
+      f"checkpoints: {folder}/checkpoints (the same command resumes; a larger --config.train.steps trains on)",
+      f"metrics: {folder}/metrics.jsonl (one JSON line per logged step) and TensorBoard logs in {workdir}",
       "next:",
       f"  {command('hourglass-sample')} {run}{prompt}",
-      f"  {command('hourglass-eval')} {run} --split=test",
+      f"  {command('hourglass-eval')} {run} --split=test   # the whole split; --batches=N: a quick partial score",
       f"  {command('hourglass-export')} --workdir={shlex.quote(str(workdir))} --output={output}",
+      f"  {command('hourglass-plot')} {shlex.quote(str(workdir))} --output={shlex.quote(folder + '/curves.png')}",
       f"  {command('pip')} install tensorboard && {command('tensorboard')} --logdir={shlex.quote(str(workdir))}"])

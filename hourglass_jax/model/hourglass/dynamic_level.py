@@ -34,6 +34,9 @@ class DynamicSettings:
   `boundary_loss_weight` (of the predictor's loss: a prior, H-Net's ratio loss). Evaluation only, 'gumbel':
   `gumbel_evaluation` cuts where sigmoid(logit) > 1/2 ('threshold'), or draws as in training with noise fixed per
   position ('sample': evaluation cuts at the training rate)."""
+  # 'gumbel', not 'whitespace' (which the study ranks first on bytes, and configs/dynamic.py picks): the same default
+  # serves hnn.Hourglass / DynamicShorten over embeddings, which have no bytes to read, every level of a nested
+  # hierarchy (only the outermost level sees bytes), and vocabularies that are not bytes; 'gumbel' works for all.
   boundaries: str = setting("gumbel", function_of=(DYNAMIC,))
   segment_capacity: float = setting(1.5, function_of=(DYNAMIC,))
   segment_pooling: str = setting("mean", function_of=(DYNAMIC,))
