@@ -1,10 +1,17 @@
+import dataclasses
+import pathlib
+import re
+
 import ml_collections
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from hourglass_jax.config.base import base_config
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import DYNAMIC_ONLY_FIELDS, config_section_fields
+from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 from tests.helpers import CONFIGS, SMALL
 
 
@@ -115,3 +122,22 @@ def test_every_model_field_can_be_overridden_from_the_command_line(field):
     model_section.update(shorten="dynamic", upsample="repeat")
   parsed = getattr(ModelConfig.from_dict(model_section), field)
   assert str(parsed) == other or parsed == type(parsed)(other), (field, parsed)
+
+
+def test_typed_sections_are_the_base_config_and_no_read_site_restates_a_default():
+  """data, train and checkpoint are declared once, as dataclasses: base_config's sections are their defaults, a
+  section missing keys reads the declared defaults, and no module reads a section key with `.get(key, default)`."""
+  base = base_config()
+  for name, cls in (("data", DataSettings), ("train", TrainSettings), ("checkpoint", CheckpointSettings)):
+    assert base[name].to_dict() == cls.defaults()
+    assert cls.of(base[name]) == cls()
+  assert DataSettings.of(ml_collections.ConfigDict(dict(name="text_file", seq_len=64))) == DataSettings(
+      name="text_file", seq_len=64)
+  keys = {f.name for cls in (DataSettings, TrainSettings, CheckpointSettings) for f in dataclasses.fields(cls)}
+  pattern = re.compile(r"(\.(data|train|checkpoint)|data_cfg|train_cfg)\.get\(\s*['\"](" + "|".join(sorted(keys))
+                       + r")['\"]\s*,")
+  package = pathlib.Path(__file__).resolve().parents[1] / "hourglass_jax"
+  restated = [f"{path.relative_to(package.parent)}:{number}" for path in sorted(package.rglob("*.py"))
+              for number, line in enumerate(path.read_text().splitlines(), 1)
+              if pattern.search(line)]
+  assert not restated, f"section keys read with a default of their own: {restated}"

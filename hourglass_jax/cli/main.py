@@ -11,6 +11,7 @@ from absl import logging as absl_logging
 from hourglass_jax import host_memory, paths
 from hourglass_jax.cli import usage
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
+from hourglass_jax.data.settings import DataSettings
 
 _CONFIG = define_config_flag("config", "A configs/*.py file, optionally with :preset (configs/dynamic.py:whitespace).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
@@ -56,7 +57,7 @@ def _setup(level):
 def _check_locations(create: bool = True) -> None:
   """A workdir that is a file, cannot be created (`create`: training makes it) or is a URL this install cannot open
   or reach, or a bucket data dir, fails here, before devices or data are touched."""
-  paths.check_local_data_dir(_CONFIG.value.data.get("data_dir", ""), "--config.data.data_dir")
+  paths.check_local_data_dir(DataSettings.of(_CONFIG.value.data).data_dir, "--config.data.data_dir")
   paths.check_writable_location(_WORKDIR.value, "--workdir", create)
 
 

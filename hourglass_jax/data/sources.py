@@ -14,6 +14,7 @@ import numpy as np
 
 from hourglass_jax.data import catalog
 from hourglass_jax.data.eval_windows import PROTOCOLS, ScoredWindows, protocol_context
+from hourglass_jax.data.settings import DataSettings
 
 DIRECT = ("text_file", "synthetic")  # read without TFDS
 SPLITS = (*catalog.SPLIT_NAMES, *catalog.SPLIT_ALIASES)  # the split names and the configs' spellings of them
@@ -92,7 +93,7 @@ def split_tokens(name: str, path: str, split: str, data_dir: str = "") -> np.nda
 
 
 def _int_field(data_cfg, field: str, minimum: int):
-  value = data_cfg.get(field, 0)
+  value = getattr(DataSettings.of(data_cfg), field)
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     raise ValueError(f"data.{field}={value!r} must be an integer >= {minimum}.")
   return value
@@ -100,8 +101,9 @@ def _int_field(data_cfg, field: str, minimum: int):
 
 def eval_geometry(data_cfg) -> tuple[int, int]:
   """(window, context) of the configured text eval protocol (eval_windows.py)."""
-  window = data_cfg.get("eval_seq_len", 0) or data_cfg.seq_len
-  return window, protocol_context(data_cfg.get("eval_protocol", "windows"), window, data_cfg.get("eval_context", 0))
+  data = DataSettings.of(data_cfg)
+  window = data.eval_seq_len or data.seq_len
+  return window, protocol_context(data.eval_protocol, window, data.eval_context)
 
 
 def check_data_config(data_cfg, vocab_size: int) -> None:
@@ -122,7 +124,7 @@ def check_data_config(data_cfg, vocab_size: int) -> None:
     _int_field(data_cfg, field, 0)
   if data_cfg.eval_split not in SPLITS:
     raise ValueError(f"data.eval_split={data_cfg.eval_split!r}; choose one of {', '.join(SPLITS)}.")
-  if data_cfg.get("eval_protocol", "windows") not in PROTOCOLS:
+  if DataSettings.of(data_cfg).eval_protocol not in PROTOCOLS:
     raise ValueError(f"data.eval_protocol={data_cfg.eval_protocol!r}; choose one of {', '.join(PROTOCOLS)}.")
   if name == "digits" and importlib.util.find_spec("sklearn") is None:
     raise ValueError("data.name='digits' needs scikit-learn, which ships the digits: pip install "
@@ -143,7 +145,7 @@ def make_source(data_cfg, split: str, vocab_size: int, seed: int, *, eval_window
   name, seq_len = data_cfg.name, data_cfg.seq_len
   if name == "synthetic":
     return SyntheticSource(vocab_size, seq_len, seed + 1 + catalog.SPLIT_NAMES.index(catalog.SPLIT_ALIASES.get(split, split)))
-  data_dir = data_cfg.get("data_dir", "")
+  data_dir = DataSettings.of(data_cfg).data_dir
   if dataset_kind(name) == "image":
     from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel
     from hourglass_jax.data.image_source import ImageSource  # pylint: disable=import-outside-toplevel
@@ -161,7 +163,7 @@ def make_source(data_cfg, split: str, vocab_size: int, seed: int, *, eval_window
                        f"window + 1 = {window + 1} bytes; lower data.eval_seq_len / data.seq_len or use a larger "
                        "corpus.")
     return ScoredWindows(tokens, window, context)
-  stride = data_cfg.get("train_stride", 0) or max(1, seq_len // 4)
+  stride = DataSettings.of(data_cfg).train_stride or max(1, seq_len // 4)
   source = WindowSource(tokens, seq_len, stride)
   if not len(source):
     raise ValueError(f"the {split} split of data.name={name!r} ({len(tokens):,} bytes) is shorter than data.seq_len "

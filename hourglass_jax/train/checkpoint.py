@@ -27,6 +27,7 @@ from hourglass_jax import paths
 from hourglass_jax.train import integrity
 from hourglass_jax.train.checkpoint_record import check_same_function, config_record  # noqa: F401  (re-exported)
 from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
+from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.state import TrainState
 
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
@@ -331,7 +332,7 @@ def read_params(workdir, abstract_params, cfg=None, step: int | None = None, fal
   if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
     raise NoCheckpointError(f"no checkpoint under {directory}; train first with hourglass-train --config=... "
                             f"--workdir={workdir}, or point --workdir at a trained run.")
-  settings = {} if cfg is None else cfg.checkpoint
+  settings = CheckpointSettings.of({} if cfg is None else cfg.checkpoint)
   with Checkpoints(directory, log=log, read_only=True) as checkpoints:
     steps = checkpoints.all_steps()
     step = step if step is not None or fall_back else (steps or [None])[-1]
@@ -339,8 +340,7 @@ def read_params(workdir, abstract_params, cfg=None, step: int | None = None, fal
       raise NoCheckpointError(f"no checkpoint of step {step} under {directory}; it holds steps "
                               f"{', '.join(map(str, steps))}.")
     restored = checkpoints.restore_latest(abstract_params, None if cfg is None else config_record(cfg),
-                                          settings.get("allow_settings_change", False),
-                                          settings.get("allow_unverified", False), step)
+                                          settings.allow_settings_change, settings.allow_unverified, step)
     if restored is None:
       raise NoCheckpointError(f"no readable checkpoint under {directory}; train first with hourglass-train "
                               f"--workdir={workdir}.")

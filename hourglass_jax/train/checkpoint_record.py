@@ -4,6 +4,7 @@ resume, evaluate or sample it computes the same function."""
 import json
 import os
 
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model.config import function_changes
 
 OVERRIDE = "--config.checkpoint.allow_settings_change=True"
@@ -13,8 +14,9 @@ def config_record(cfg) -> dict:
   """What a checkpoint records about its run: its model settings (named in mismatch messages), and for the card
   hourglass-export writes, the sequence length, global batch and data set (its name, and the file or folder name of
   a local one: never the machine's path)."""
-  source = cfg.data.get("path") or cfg.data.get("data_dir") or ""
-  data = dict(name=cfg.data.name, source=os.path.basename(os.path.normpath(source)) if source else None)
+  data = DataSettings.of(cfg.data)
+  source = data.path or data.data_dir
+  data = dict(name=data.name, source=os.path.basename(os.path.normpath(source)) if source else None)
   return json.loads(json.dumps({"model": cfg.model.to_dict(), "seq_len": cfg.data.seq_len,
                                 "batch_size": cfg.data.batch_size, "data": data}))
 

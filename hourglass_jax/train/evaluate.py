@@ -9,6 +9,7 @@ import ml_collections
 
 from hourglass_jax import sharding
 from hourglass_jax.data import pipeline, sources
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.train import run_files
 from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.progress import progress_bar
@@ -41,9 +42,9 @@ def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0, pro
   metrics = {name: sum(float(m[name]) * float(out["rows"]) for m, out in zip(sown, outs)) / max(total["rows"], 1.0)
              for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
-  data = evaluator.cfg.data
+  data = DataSettings.of(evaluator.cfg.data)
   kind = sources.dataset_kind(data.name)
-  protocol = "images" if kind == "image" else data.get("eval_protocol", "windows")
+  protocol = "images" if kind == "image" else data.eval_protocol
   every = pipeline.num_eval_batches(source, evaluator.batch_size, 0)
   return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches, total_batches=every,
               windows=min(len(source), batches * evaluator.batch_size), whole_split=batches >= every,

@@ -21,6 +21,7 @@ from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.progress import progress_bar
 from hourglass_jax.train.report import report_compiled
 from hourglass_jax.train.run_files import MetricsLog
+from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.trainer import Trainer
 from hourglass_jax.train.workdir_lock import WorkdirLock
 
@@ -68,7 +69,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
       log) as checkpoints:
     restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
                                           cfg.checkpoint.allow_settings_change,
-                                          cfg.checkpoint.get("allow_unverified", False))
+                                          CheckpointSettings.of(cfg.checkpoint).allow_unverified)
     if restored and restored[2] >= cfg.train.steps:
       log(f"{checkpoints.directory} already holds step {restored[2]} >= train.steps={cfg.train.steps}: nothing "
           "to train. Raise --config.train.steps to continue, use a new --workdir to start over, or evaluate it "

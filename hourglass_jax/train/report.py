@@ -7,6 +7,7 @@ import jax
 from hourglass_jax.model import ModelConfig
 from hourglass_jax.model import counting
 from hourglass_jax.train import metrics
+from hourglass_jax.train.settings import TrainSettings
 
 
 def model_flops_per_step(cfg) -> int | None:
@@ -28,7 +29,8 @@ def report_compiled(trainer, compiled, log) -> dict:
   devices = mesh.devices.size
   mesh_text = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
   accum = f", {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else ""
-  remat_text = f", remat ({cfg.train.get('remat_policy', 'nothing_saveable')})" if cfg.train.remat else ""
+  train = TrainSettings.of(cfg.train)
+  remat_text = f", remat ({train.remat_policy})" if train.remat else ""
   log(f"model: {cfg.model.kind} {cfg.model.get('hierarchy', '')}, {trainer.num_params:,} params, "
       f"dtype {cfg.model.dtype}{remat_text}")
   log(f"devices: {devices} x {jax.devices()[0].device_kind} in {jax.process_count()} process(es), mesh "
