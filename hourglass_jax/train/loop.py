@@ -92,116 +92,144 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
 
 def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, signals: StopSignals,
            writer, metrics_log: MetricsLog, log) -> dict:
-  cfg, total = trainer.cfg, trainer.cfg.train.steps
-  record = config_record(cfg)
-  unit = "dim" if sources.dataset_kind(cfg.data.name) == "image" else "byte"  # bits per dim for images
-  batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
-  if restored:
-    state, data_state, start = restored
-    batches.set_state(data_state)
-    log(f"resuming from step {start} (checkpoint in {checkpoints.directory})")
-  else:
-    state, start = trainer.init_state(), 0
-  summary = dict(start_step=start, step=start, losses={}, eval=None, stopped="done", sample=None)
-  tokens_per_step = trainer.batch_size * trainer.seq_len
-  meter, pending, saved = _Meter(), None, (checkpoints.all_steps() or [None])[-1]
-  bar = progress_bar(total=total, initial=start, desc="train", unit="step", disable=jax.process_index() != 0,
-                     dynamic_ncols=True, bar_format=_BAR)  # no rate of its own: the postfix has the window's speed
-
-  warned_mfu, warned_rates, train_extras, losses = False, set(), {}, ""
-
-  def drain():
-    """Fetches the pending step's metrics (its successor is already queued), checks and logs them."""
-    nonlocal pending, warned_mfu, train_extras, losses
-    if pending is None:
-      return
-    (step, device_metrics), pending = pending, None
-    values = {k: float(v) for k, v in sharding.to_host(device_metrics).items()}
-    if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
-      raise TrainError(_divergence_message(step, values, saved, start if restored else None, checkpoints))
-    summary["losses"][step] = values["loss"]
-    train_extras = {name: values[name] for name in values if name not in _STEP_METRICS}
-    meter.add(values["loss"], values["grad_norm"])
-    bar.update(1)
-    if step % cfg.train.log_every == 0 or step == total:
-      loss, grad_norm, seconds = meter.flush()
-      mfu = perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else float("nan")
-      warning = metrics_lib.mfu_above_peak(mfu, perf["peak_flops_per_device"], perf["peak_source"])
-      if warning and not warned_mfu:
-        warned_mfu = True
-        log(f"warning: {warning}")
-      losses = (f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}"
-                + "".join(f", {bar_label(name)} {value:.3g}" for name, value in train_extras.items()))
-      bar.set_postfix_str(f"{losses}, {tokens_per_step / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU "
-                          f"{mfu:.1%}", refresh=False)
-      writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
-                            "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
-                            "train/update_norm": values["update_norm"],
-                            "perf/tokens_per_second": tokens_per_step / seconds, "perf/step_time_s": seconds,
-                            "perf/mfu": mfu})
-      # What the model reports beside the LM loss (auxiliary losses, sown metrics), from this step.
-      writer.scalars(step, {f"train/{name}": value for name, value in train_extras.items()})
-      metrics_log.write(dict(step=step, split="train", loss=loss, **{f"bits_per_{unit}": loss / math.log(2)},
-                             tokens_seen=metrics_log.tokens_seen(step, tokens_per_step),
-                             tokens_per_second=tokens_per_step / seconds, learning_rate=values["learning_rate"],
-                             grad_norm=grad_norm, **train_extras))
-
-  distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
+  run = _Run(trainer, perf, restored, checkpoints, writer, metrics_log, log)
   try:
-    for step in range(start + 1, total + 1):
-      state, device_metrics = compiled(state, next(batches))
-      drain()
-      pending = (step, device_metrics)
-      summary["step"] = step
+    state = run.steps(compiled, signals)
+  finally:
+    run.bar.close()
+  return run.finish(state)
+
+
+class _Run:
+  """One call's training: the steps (metrics fetched one step late, `drain`), checkpoints, evaluations, and what
+  is logged of them (progress bar, TensorBoard, metrics.jsonl); `summary` is what the call returns."""
+
+  def __init__(self, trainer: Trainer, perf: dict, restored, checkpoints: Checkpoints, writer, metrics_log, log):
+    self.trainer, self.perf, self.checkpoints, self.writer, self.metrics_log, self.log = (
+        trainer, perf, checkpoints, writer, metrics_log, log)
+    self.cfg, self.total, self.record = trainer.cfg, trainer.cfg.train.steps, config_record(trainer.cfg)
+    self.unit = "dim" if sources.dataset_kind(self.cfg.data.name) == "image" else "byte"  # bits per dim for images
+    self.batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
+    self.resumed = restored is not None
+    if restored:
+      self.state, data_state, self.start = restored
+      self.batches.set_state(data_state)
+      log(f"resuming from step {self.start} (checkpoint in {checkpoints.directory})")
+    else:
+      self.state, self.start = trainer.init_state(), 0
+    self.summary = dict(start_step=self.start, step=self.start, losses={}, eval=None, stopped="done", sample=None)
+    self.tokens_per_step = trainer.batch_size * trainer.seq_len
+    self.meter, self.pending, self.saved = _Meter(), None, (checkpoints.all_steps() or [None])[-1]
+    self.bar = progress_bar(total=self.total, initial=self.start, desc="train", unit="step",
+                            disable=jax.process_index() != 0, dynamic_ncols=True, bar_format=_BAR)  # no rate: the
+    self.warned_mfu, self.warned_rates, self.train_extras, self.losses = False, set(), {}, ""  # postfix has it
+
+  def steps(self, compiled, signals: StopSignals):
+    """Trains to train.steps (or a stop signal); returns the last state."""
+    cfg, checkpoints, state = self.cfg, self.checkpoints, self.state
+    distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
+    for step in range(self.start + 1, self.total + 1):
+      state, device_metrics = compiled(state, next(self.batches))
+      self.drain()
+      self.pending = (step, device_metrics)
+      self.summary["step"] = step
       stop = signals.requested or (checkpoints.manager.reached_preemption(step) and "preemption")
-      if stop or step == total or checkpoints.manager.should_save(step):
-        drain()  # a checkpoint is written only after its step's loss, gradients and update were checked finite
-        checkpoints.save(step, state, batches.get_state(), record, force=True)
-        saved = step
-        meter.reset()
+      if stop or step == self.total or checkpoints.manager.should_save(step):
+        self.drain()  # a checkpoint is written only after its step's loss, gradients and update were checked finite
+        checkpoints.save(step, state, self.batches.get_state(), self.record, force=True)
+        self.saved = step
+        self.meter.reset()
       if stop:
         checkpoints.wait()
-        summary["stopped"] = "interrupted" if stop == "SIGINT" else "preempted"
-        log(f"\n{'Ctrl-C' if stop == 'SIGINT' else 'SIGTERM/preemption'}: saved checkpoint step {step} in "
-            f"{checkpoints.directory}; rerun the same command to resume.")
+        self.summary["stopped"] = "interrupted" if stop == "SIGINT" else "preempted"
+        self.log(f"\n{'Ctrl-C' if stop == 'SIGINT' else 'SIGTERM/preemption'}: saved checkpoint step {step} in "
+                 f"{checkpoints.directory}; rerun the same command to resume.")
         break
-      if step == total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-        drain()
-        result = summary["eval"] = evaluate(trainer, state.params, cfg.data.eval_split, cfg.data.eval_batches)
-        tag = "eval" if result["whole_split"] else "eval_partial"  # a partial score is never shown as the split's
-        writer.scalars(step, {f"{tag}/loss": result["loss"], f"{tag}/bits_per_{unit}": result["bits"],
-                              **{f"{tag}/{name}": value for name, value in result["metrics"].items()}})
-        metrics_log.write(dict(step=step, split=cfg.data.eval_split, loss=result["loss"],
-                               **{f"bits_per_{unit}": result["bits"]},
-                               tokens_seen=metrics_log.tokens_seen(step, tokens_per_step),
-                               whole_split=result["whole_split"], batches=result["batches"],
-                               total_batches=result["total_batches"], **result["metrics"]))
-        log(f"step {step}: {describe(result, cfg.data.eval_split)}")
-        for name, warning in metrics_lib.boundary_rates_apart(train_extras, summary["eval"]["metrics"]).items():
-          if name not in warned_rates:  # once per level
-            warned_rates.add(name)
-            log(f"warning: {warning}")
-        meter.reset()
-    drain()
-    if losses:
-      bar.set_postfix_str(losses, refresh=False)  # the run's speed is the one line below, not the last window's
-  finally:
-    bar.close()
-  if meter.steps_total:
-    seconds = meter.seconds_total / meter.steps_total
-    summary.update(tokens_per_second=tokens_per_step / seconds, step_seconds=seconds,
-                   mfu=perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else None)
-    log(f"speed over {meter.steps_total} timed steps (evaluation and checkpoints excluded): "
-        f"{summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
-        f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
-  if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
-    summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, trainer, state.params)
-    text = (summary["sample_prompt"] + summary["sample"]).decode("utf-8", errors="replace")
-    writer.text(summary["step"], "sample", text)
-    log(f"sample ({len(summary['sample_prompt'])} prompt bytes from the {cfg.data.eval_split} split, then "
-        f"{len(summary['sample'])} sampled bytes):\n{text}")
-  checkpoints.wait()
-  return summary
+      if step == self.total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+        self.drain()
+        self.evaluate(step, state)
+    self.drain()
+    if self.losses:
+      self.bar.set_postfix_str(self.losses, refresh=False)  # the run's speed is the line `finish` logs
+    return state
+
+  def drain(self):
+    """Fetches the pending step's metrics (its successor is already queued), checks and logs them."""
+    if self.pending is None:
+      return
+    (step, device_metrics), self.pending = self.pending, None
+    values = {k: float(v) for k, v in sharding.to_host(device_metrics).items()}
+    if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
+      raise TrainError(_divergence_message(step, values, self.saved, self.start if self.resumed else None,
+                                           self.checkpoints))
+    self.summary["losses"][step] = values["loss"]
+    self.train_extras = {name: values[name] for name in values if name not in _STEP_METRICS}
+    self.meter.add(values["loss"], values["grad_norm"])
+    self.bar.update(1)
+    if step % self.cfg.train.log_every == 0 or step == self.total:
+      self.log_window(step, values)
+
+  def log_window(self, step: int, values: dict):
+    """The steps since the last log line: their mean loss and speed, on the bar, in TensorBoard and metrics.jsonl."""
+    perf, unit, tokens = self.perf, self.unit, self.tokens_per_step
+    loss, grad_norm, seconds = self.meter.flush()
+    mfu = perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else float("nan")
+    warning = metrics_lib.mfu_above_peak(mfu, perf["peak_flops_per_device"], perf["peak_source"])
+    if warning and not self.warned_mfu:
+      self.warned_mfu = True
+      self.log(f"warning: {warning}")
+    self.losses = (f"loss {loss:.3f}, bits/{unit} {loss / math.log(2):.3f}"
+                   + "".join(f", {bar_label(name)} {value:.3g}" for name, value in self.train_extras.items()))
+    self.bar.set_postfix_str(f"{self.losses}, {tokens / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU "
+                             f"{mfu:.1%}", refresh=False)
+    self.writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
+                               "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
+                               "train/update_norm": values["update_norm"], "perf/tokens_per_second": tokens / seconds,
+                               "perf/step_time_s": seconds, "perf/mfu": mfu})
+    # What the model reports beside the LM loss (auxiliary losses, sown metrics), from this step.
+    self.writer.scalars(step, {f"train/{name}": value for name, value in self.train_extras.items()})
+    self.metrics_log.write(dict(step=step, split="train", loss=loss, **{f"bits_per_{unit}": loss / math.log(2)},
+                                tokens_seen=self.metrics_log.tokens_seen(step, tokens),
+                                tokens_per_second=tokens / seconds, learning_rate=values["learning_rate"],
+                                grad_norm=grad_norm, **self.train_extras))
+
+  def evaluate(self, step: int, state):
+    """The periodic evaluation (partial unless data.eval_batches is 0), logged; boundary rates that drift apart
+    between training and evaluation warned once per level."""
+    cfg, unit, split = self.cfg, self.unit, self.cfg.data.eval_split
+    result = self.summary["eval"] = evaluate(self.trainer, state.params, split, cfg.data.eval_batches)
+    tag = "eval" if result["whole_split"] else "eval_partial"  # a partial score is never shown as the split's
+    self.writer.scalars(step, {f"{tag}/loss": result["loss"], f"{tag}/bits_per_{unit}": result["bits"],
+                               **{f"{tag}/{name}": value for name, value in result["metrics"].items()}})
+    self.metrics_log.write(dict(step=step, split=split, loss=result["loss"], **{f"bits_per_{unit}": result["bits"]},
+                                tokens_seen=self.metrics_log.tokens_seen(step, self.tokens_per_step),
+                                whole_split=result["whole_split"], batches=result["batches"],
+                                total_batches=result["total_batches"], **result["metrics"]))
+    self.log(f"step {step}: {describe(result, split)}")
+    for name, warning in metrics_lib.boundary_rates_apart(self.train_extras, result["metrics"]).items():
+      if name not in self.warned_rates:  # once per level
+        self.warned_rates.add(name)
+        self.log(f"warning: {warning}")
+    self.meter.reset()
+
+  def finish(self, state) -> dict:
+    """The run's speed, the end-of-run sample, and the summary (once the last checkpoint is written)."""
+    cfg, summary, perf, meter = self.cfg, self.summary, self.perf, self.meter
+    if meter.steps_total:
+      seconds = meter.seconds_total / meter.steps_total
+      summary.update(tokens_per_second=self.tokens_per_step / seconds, step_seconds=seconds,
+                     mfu=perf["model_flops"] / seconds / perf["peak_flops"] if perf["model_flops"] else None)
+      self.log(f"speed over {meter.steps_total} timed steps (evaluation and checkpoints excluded): "
+               f"{summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
+               f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
+    if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
+      summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, self.trainer, state.params)
+      text = (summary["sample_prompt"] + summary["sample"]).decode("utf-8", errors="replace")
+      self.writer.text(summary["step"], "sample", text)
+      self.log(f"sample ({len(summary['sample_prompt'])} prompt bytes from the {cfg.data.eval_split} split, then "
+               f"{len(summary['sample'])} sampled bytes):\n{text}")
+    self.checkpoints.wait()
+    return summary
 
 
 SAMPLE_TEMPERATURE = 0.8  # the end-of-run sample's
