@@ -212,7 +212,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   'texts' (bytes each, prompt + continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
   model_cfg = ModelConfig.from_dict(cfg.model)
   check_options(options, model_cfg.vocab_size)
-  shape = sources.image_shape(cfg.data)
+  shape = sources.spec(cfg.data.name).image_shape
   image_size = None if shape is None else int(np.prod(shape))
   check_kind_options(options, shape is not None, cfg.data.name)
   check_memory(model_cfg, options.num_samples, options.max_len or cfg.data.seq_len)

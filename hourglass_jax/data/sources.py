@@ -16,7 +16,9 @@ from hourglass_jax.data import catalog
 from hourglass_jax.data.eval_windows import PROTOCOLS, ScoredWindows, protocol_context
 from hourglass_jax.data.settings import DataSettings
 
-DIRECT = ("text_file", "synthetic")  # read without TFDS
+_DIRECT_SPECS = {"text_file": catalog.DatasetSpec("text_file", "text", "nothing: data.path names a file, read as is"),
+                 "synthetic": catalog.DatasetSpec("synthetic", "synthetic", "nothing: random tokens")}
+DIRECT = tuple(_DIRECT_SPECS)  # read without TFDS
 SPLITS = (*catalog.SPLIT_NAMES, *catalog.SPLIT_ALIASES)  # the split names and the configs' spellings of them
 
 
@@ -49,16 +51,20 @@ class SyntheticSource:
     return rng.integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int32)
 
 
+def spec(name: str) -> catalog.DatasetSpec:
+  """What a data.name is (its kind, image shape, what preparing it needs): the catalog's TFDS datasets and the
+  sources read directly; the one lookup the data and sampling paths pass along."""
+  return _DIRECT_SPECS[name] if name in _DIRECT_SPECS else catalog.get(name)
+
+
 def dataset_kind(name: str) -> str:
   """'text', 'image' or 'synthetic' for a data.name."""
-  if name == "synthetic":
-    return "synthetic"
-  return "text" if name == "text_file" else catalog.get(name).kind
+  return spec(name).kind
 
 
 def image_shape(data_cfg) -> tuple[int, int, int] | None:
   """(H, W, C) of an image dataset's images, None for text."""
-  return None if data_cfg.name in DIRECT else catalog.get(data_cfg.name).image_shape
+  return spec(data_cfg.name).image_shape
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,11 +148,12 @@ def check_data_config(data_cfg, vocab_size: int) -> None:
 def make_source(data_cfg, split: str, vocab_size: int, seed: int, *, eval_windows: bool = False):
   """The source of `split`: training windows at data.train_stride (0 = seq_len / 4), or with eval_windows the
   configured eval protocol's windows, which score every byte but the first once; images are whole sequences."""
-  name, seq_len = data_cfg.name, data_cfg.seq_len
-  if name == "synthetic":
-    return SyntheticSource(vocab_size, seq_len, seed + 1 + catalog.SPLIT_NAMES.index(catalog.SPLIT_ALIASES.get(split, split)))
+  name, seq_len, kind = data_cfg.name, data_cfg.seq_len, spec(data_cfg.name).kind
+  if kind == "synthetic":
+    split_index = catalog.SPLIT_NAMES.index(catalog.SPLIT_ALIASES.get(split, split))
+    return SyntheticSource(vocab_size, seq_len, seed + 1 + split_index)
   data_dir = DataSettings.of(data_cfg).data_dir
-  if dataset_kind(name) == "image":
+  if kind == "image":
     from hourglass_jax.data import tfds_io  # pylint: disable=import-outside-toplevel
     from hourglass_jax.data.image_source import ImageSource  # pylint: disable=import-outside-toplevel
 
