@@ -42,10 +42,42 @@ def summary_markdown(record: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def compact_markdown(record: dict) -> str:
+  """BENCHMARKS.md's view of a record: per preset the memory and H100 estimate of each remat variant, the
+  estimate's breakdown and the H200's measured step without remat, and the top five kernels of the first preset
+  (results/gpu_offline.md has every column)."""
+  rows = [r for r in record.get("rows", []) if "estimate" in r]
+  presets = list(dict.fromkeys(r["preset"] or "enwik8" for r in rows))
+  lines = [f"Compiled for {record.get('device_kind', '?')} ({record.get('backend', '?')}, jax {record.get('jax', '?')})"
+           f" by `python benchmarks/gpu_offline.py`: nothing ran on a GPU. A roofline from published peaks (matmul "
+           "FLOPs, bytes of the rest), a lower bound to rank changes by; every column in "
+           "`benchmarks/results/gpu_offline.md`.", "",
+           "| preset | GiB, remat none / dots / full | H100 ms, remat none / dots / full | remat none: "
+           + ", ".join(_CLASSES) + " ms | H200 measured ms (x its estimate) |", "|---|---|---|---|---|"]
+  for preset in presets:
+    variants = {r["variant"]: r for r in rows if (r["preset"] or "enwik8") == preset}
+    cell = lambda f: " / ".join(f(variants[v]) if v in variants else "-" for v in ("none", "dots", "full"))
+    base = variants.get("none")
+    classes = " / ".join(f"{base['estimate']['h100']['classes'][k]['seconds'] * 1e3:.1f}" for k in _CLASSES) \
+        if base else "-"
+    measured = (f"{base['measured_h200_step_s'] * 1e3:.1f} ({base['measured_over_estimate_h200']:.2f}x)"
+                if base and "measured_h200_step_s" in base else "-")
+    gib = cell(lambda r: f"{r['memory_bytes'] / 2**30:.1f}")
+    ms = cell(lambda r: f"{r['estimate']['h100']['step_s'] * 1e3:.1f}")
+    lines.append(f"| {preset} | {gib} | {ms} | {classes} | {measured} |")
+  if rows:
+    first = rows[0]
+    lines += ["", f"Top kernels of `{first['preset'] or 'enwik8'}` (remat {first['variant']}), H100 estimate:", "",
+              "| class | source | launches | GB | ms |", "|---|---|---|---|---|"]
+    lines += [f"| {k['kind']} | `{k['source'] or k['label']}` | {k['launches']:.0f} | {k['bytes'] / 1e9:.2f} | "
+              f"{k['seconds'] * 1e3:.2f} |" for k in first["estimate"]["h100"]["top"][:5]]
+  return "\n".join(lines) + "\n"
+
+
 def latest_summary(results_dir=None) -> str:
   """The newest non-dry record of results/gpu_offline.json as markdown, or a line saying there is none."""
   path = pathlib.Path(results_dir or RESULTS) / "gpu_offline.json"
   records = [r for r in (json.loads(path.read_text()) if path.exists() else []) if not r.get("dry_run")]
   if not records:
     return "Not yet estimated: `benchmarks/gpu_offline.py` (docs/gpu.md) writes benchmarks/results/gpu_offline.json.\n"
-  return summary_markdown(records[-1])
+  return compact_markdown(records[-1])

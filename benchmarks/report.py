@@ -101,7 +101,7 @@ def page(results: pathlib.Path = RESULTS) -> str:
       tables.peer_section(tables.peer_rows(load(results, "peer_compare_wide.json"))),
       tables.markdown_section("Decoding speed", results / "decode_speed.md",
                               ".venv/bin/python benchmarks/decode_speed.py", f"{decode['cpu_count']} CPU cores",
-                              decode["date"][:10]),
+                              decode["date"][:10], drop="| cached / uncached"),  # the uncached rows show it
       tables.compile_section(load(results, "compile_time.json")[-1]),
       tables.checkpoint_section(load(results, "checkpoint_integrity.json")[-1]),
       tables.markdown_section("Data pipeline", results / "data_throughput.md",

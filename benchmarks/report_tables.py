@@ -90,15 +90,15 @@ def newest_rows(entries: list[dict]) -> list[tuple[dict, dict]]:
 
 
 def _step_table(pairs) -> list[str]:
-  lines = ["| model | length | dtype | batch | overrides | params | memory | step | tokens/s | MFU (f32 peak) | "
-           "MFU (own dtype's peak) | date |", "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+  lines = ["| model | length | dtype | batch | overrides | memory | step | tokens/s | MFU (f32 peak) | "
+           "MFU (own dtype's peak) | date |", "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---|"]
   for row, entry in sorted(pairs, key=lambda p: (p[0]["preset"], p[0]["seq_len"], p[0]["dtype"])):
     overrides = ", ".join(filter(None, (entry["args"].get("model"), entry["args"].get("train")))) or "-"
     step = f"{row['step_s'] * 1e3:,.0f} ms" if row.get("step_s") else "not run"
     speed = (f"{row['tokens_per_s']:,.0f} | {row['mfu_vs_f32']:.1%} | {row['mfu_vs_dtype_peak']:.1%}"
              if row.get("step_s") else " | | ")
     lines.append(f"| {row['preset']} | {row['seq_len']} | {row['dtype']} | {row['batch']} | {overrides} | "
-                 f"{row['params']:,} | {row['memory_bytes'] / 2**30:.2f} GiB | {step} | {speed} | {date(entry)} |")
+                 f"{row['memory_bytes'] / 2**30:.2f} GiB | {step} | {speed} | {date(entry)} |")
   return lines
 
 
@@ -107,8 +107,9 @@ def throughput_section(results: pathlib.Path) -> str:
            "The real train step (`Trainer.compile_train_step`, synthetic bytes, no evaluation or checkpoints). MFU = "
            "analytic model FLOPs (3x the forward matmuls, attention as the full square) / step time / the matmul "
            "peak measured in the same run. The presets are in `benchmarks/models.py`: `hourglass_enwik8` is "
-           "configs/enwik8.py's model, `vanilla` / `hourglass` / `topdown` have configs/default.py's widths "
-           "(d 128), vanilla `8@1`, Hourglass `2@1 4@3 2@1` with attention resampling.\n"]
+           "configs/enwik8.py's model (113.75M parameters; `vanilla_enwik8` 31.79M), `vanilla` / `hourglass` / `topdown` "
+           "have configs/default.py's widths (d 128), vanilla `8@1`, Hourglass `2@1 4@3 2@1` with attention "
+           "resampling.\n"]
   for name, title in (("gpu_throughput", "One GPU"), ("enwik8_mfu", "The enwik8 model on 2 CPU cores"),
                       ("throughput_4096", "Hourglass against vanilla at 4096 bytes, 2 CPU cores"),
                       ("throughput", "Every length, 2 CPU cores")):
@@ -158,7 +159,8 @@ class Study:
   def table(self, corpus: str) -> str:
     models = [m for m in self.args.models.split(",") if any(r["model"] == m for r in self.runs
                                                              if r["corpus_id"] == corpus)]
-    return self.lib.table(self.runs, corpus, self.budgets, models, 0, len(self.lib.floats(self.args.learning_rates)))
+    return self.lib.table(self.runs, corpus, self.budgets, models, 0, len(self.lib.floats(self.args.learning_rates)),
+                          gaps=False)
 
 
 def study_section(study: Study, deep: Study) -> str:
@@ -171,7 +173,7 @@ def study_section(study: Study, deep: Study) -> str:
            "`8@1`; the learned ones (`dynamic_*`, `shorten='dynamic'`) at segment capacity 1.0, so a learned level "
            "costs what a fixed one does. `fixed_attention` is the paper's attention resampling, `fixed_avg` "
            "avg/repeat. Without `--corpus` the study trains on the embedded corpus; tinyshakespeare.txt is "
-           "karpathy's char-rnn copy.\n"]
+           f"karpathy's char-rnn copy. {study.lib.TABLE_NOTE}\n"]
   for corpus in study.corpora:
     parts.append(f"### {study.short_name(corpus)}\n\n{study.table(corpus)}\n")
   parts.append("### Most layers in the shortened level: `2@1 8@4 2@1` against vanilla `12@1`\n")
@@ -282,10 +284,10 @@ def checkpoint_section(entry: dict) -> str:
 _DATE = re.compile(r",? ?\b\d{4}-\d{2}-\d{2}(T[\d:+]+)?")
 
 
-def markdown_section(title: str, path: pathlib.Path, how: str, where: str, when: str) -> str:
+def markdown_section(title: str, path: pathlib.Path, how: str, where: str, when: str, drop: str = "") -> str:
   """A results file its script writes as Markdown, under its own heading (its title line dropped; the date goes to
-  the source table)."""
-  lines = path.read_text().strip().splitlines()
+  the source table; rows starting with `drop` left to the file)."""
+  lines = [line for line in path.read_text().strip().splitlines() if not drop or not line.startswith(drop)]
   body = "\n".join(lines[1:] if lines[0].startswith("# ") else lines).strip()
   body = _DATE.sub("", body.replace("\n## ", "\n### "))
   return f"## {title}\n\n{source(how, path.name, where, when)}\n{body}\n"

@@ -262,11 +262,16 @@ def chosen_runs(runs: list[dict], corpus_id: str, budgets: list[float], sweep_se
           and r["budget_tflop"] in budgets]
 
 
+TABLE_NOTE = ("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf; * the rate sweep is "
+              "not finished (the best rate so far).")
+
+
 def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[str], sweep_seed: int = 0,
-          sweep_rates: int = 0) -> str:
+          sweep_rates: int = 0, gaps: bool = True) -> str:
   """Markdown: per model its chosen rate, mean validation bits per byte (seeds) at each budget, and the evaluation
-  boundary rate of the learned ones; then, per budget, the gap of the best learned model to fixed_avg and vanilla.
-  A rate is marked '*' while fewer than `sweep_rates` rates have been tried at the middle budget."""
+  boundary rate of the learned ones; with `gaps`, TABLE_NOTE and per budget the gap of the best learned model to
+  fixed_avg and vanilla. A rate is marked '*' while fewer than `sweep_rates` rates have been tried at the middle
+  budget."""
   chosen = pick_learning_rates(runs, corpus_id, sweep_budget(budgets), sweep_seed)
   picked = chosen_runs(runs, corpus_id, budgets, sweep_seed)
   cell, lines = {(m, b): [r for r in picked if r["model"] == m and r["budget_tflop"] == b]
@@ -288,9 +293,9 @@ def table(runs: list[dict], corpus_id: str, budgets: list[float], models: list[s
     mark = "*" if len(tried) < sweep_rates else ""
     lines.append(f"| {model} | {chosen.get(model, '')}{mark} | " + " | ".join(values)
                  + f" | {rate_text} | {overflow_text} |")
-  lines.append("")
-  lines.append("Mean over seeds (number of seeds in parentheses); a diverged run counts as inf; * the rate sweep is "
-               "not finished (the best rate so far).")
+  if not gaps:
+    return "\n".join(lines)
+  lines += ["", TABLE_NOTE]
   for budget in budgets:
     means = {m: statistics.mean(map(score, cell[m, budget])) for m in models if cell[m, budget]}
     learned = {m: v for m, v in means.items() if m.startswith("dynamic_")}
