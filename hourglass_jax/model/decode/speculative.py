@@ -10,7 +10,8 @@ distribution after temperature, top-k and top-p; at the first rejection the toke
 max(0, p_i - q_i), after K acceptances from p_{K+1}. A deterministic draft (n-gram) has q = a point mass.
 
 Rows accept different counts, so every row goes on from its own position (`extend` maps the pass over rows). When
-the tokens per pass stay below `fallback_below` after `warmup` rounds, the rest is plain cached decoding.
+the tokens per pass stay below `fallback_below` after `warmup` rounds, the rest is plain cached decoding, the rows
+lined up again at one position.
 """
 
 import dataclasses
@@ -107,10 +108,15 @@ def speculate(params, draft_params, prompt_BxP, rng, end_token, cfg: ModelConfig
     return dict(c, fell_back_at=jnp.where(slow, c["passes"], c["fell_back_at"]))
 
   def plain(c):
+    """A plain step at one position for every row, the earliest an active row is at: rows ahead feed a token they
+    hold again (the same cache entries) and take nothing, so rows line up and the step needs no map over rows."""
     rng, key = jax.random.split(c["rng"])
-    cache, logits_Bx1xV = extend(params, cfg, c["cache"], last_tokens(c), row_positions(c["length"] - 1))
-    return commit(dict(c, cache=cache, rng=rng), pick(key, logits_Bx1xV[:, 0])[0][:, None], jnp.ones_like(zero_B),
-                  zero_B)
+    at_B = c["length"] - 1
+    position = jnp.min(jnp.where(c["done"], jnp.iinfo(jnp.int32).max, at_B))
+    tokens_Bx1 = jnp.take_along_axis(c["seq"], jnp.minimum(position, at_B)[:, None], axis=1)
+    cache, logits_Bx1xV = extend(params, cfg, c["cache"], tokens_Bx1, position)
+    return commit(dict(c, cache=cache, rng=rng), pick(key, logits_Bx1xV[:, 0])[0][:, None],
+                  (at_B == position).astype(jnp.int32), zero_B)
 
   def body(c):
     return lax.cond(c["fell_back_at"] >= 0, plain, speculative, c)
