@@ -31,7 +31,7 @@ import pytest
 
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import MULTISCALE_KINDS
-from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
+from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
 from hourglass_jax.testing import causality_violations, random_variables
 
 # --- model tests -------------------------------------------------------------------------------------------------

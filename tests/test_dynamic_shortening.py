@@ -15,8 +15,8 @@ from hourglass_jax.model import ModelConfig, build_model, counting
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES, WHITESPACE_BYTES
 from hourglass_jax.testing import causality_violations, random_variables
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
-from hourglass_jax.model.hourglass.predictors.gumbel import evaluation_noise
+from hourglass_jax.model.hourglass.dynamic.segments import whitespace_boundaries
+from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import evaluation_noise
 from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.metrics import boundary_rates_apart

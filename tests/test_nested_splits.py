@@ -9,7 +9,7 @@ import pytest
 
 from hourglass_jax.cli.boundaries import level_boundaries
 from hourglass_jax.model import ModelConfig, build_model, counting, decode
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic.predictors import resolve
 from hourglass_jax.testing import causality_violations, random_variables
 from tests.helpers import BATCH, SMALL, load_config, small_config
 

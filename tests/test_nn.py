@@ -250,7 +250,7 @@ def test_module_keyword_arguments_are_the_block_settings_of_model_config():
 def test_dynamic_level_keyword_arguments_are_the_dynamic_settings_of_model_config():
   """Hourglass and DynamicShorten take the dynamic level's settings from the one declaration ModelConfig inherits:
   the same names and defaults, and the LM forwards every one of them to its body."""
-  from hourglass_jax.model.hourglass.dynamic_level import DYNAMIC_FIELDS
+  from hourglass_jax.model.hourglass.dynamic.level import DYNAMIC_FIELDS
   from hourglass_jax.model.lm import build_body
   model_defaults = {name: getattr(ModelConfig(), name) for name in DYNAMIC_FIELDS}
   for module in (hnn.Hourglass, hnn.DynamicShorten):

@@ -8,7 +8,7 @@ import pytest
 from flax import traverse_util
 
 from hourglass_jax.model import build_model, decode
-from hourglass_jax.model.hourglass.predictors import BOUNDARY_PREDICTORS, PREDICTORS, resolve
+from hourglass_jax.model.hourglass.dynamic.predictors import BOUNDARY_PREDICTORS, PREDICTORS, resolve
 from tests.helpers import small_config
 
 DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat", segment_pooling="linear")

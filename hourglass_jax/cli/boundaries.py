@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hourglass_jax.model import build_model
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic.predictors import resolve
 from hourglass_jax.weights import load_params
 
 

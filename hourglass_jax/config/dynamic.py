@@ -3,9 +3,9 @@ configs/enwik8_dynamic.py)."""
 
 import ml_collections
 
-from hourglass_jax.model.hourglass.dynamic_level import level_predictors
+from hourglass_jax.model.hourglass.dynamic.level import level_predictors
 from hourglass_jax.model.hourglass.hierarchy import parse_hierarchy
-from hourglass_jax.model.hourglass.predictors import PREDICTORS, resolve
+from hourglass_jax.model.hourglass.dynamic.predictors import PREDICTORS, resolve
 
 
 def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, config_name: str,

@@ -7,8 +7,8 @@ from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIND, LAYER_FIELDS, POSITIONS,
                                               REMAT_POLICIES, BlockSettings, LayerConfig, check_choice, check_int,
                                               check_layer_settings, check_types, setting)
-from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
-from hourglass_jax.model.hourglass.dynamic_level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings,
+from hourglass_jax.model.hourglass.dynamic.segments import WHITESPACE_BYTES
+from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings,
                                                         check_dynamic_settings, level_predictors)
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
@@ -41,7 +41,7 @@ class ModelConfig(DynamicSettings, BlockSettings):
   hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
   shorten: str = setting("attention_avg", function_of=("hourglass",))
   upsample: str = setting("attention_repeat", function_of=("hourglass",))
-  # shorten='dynamic': the level's settings are `DynamicSettings`' (dynamic_level.py); 'whitespace' closes a
+  # shorten='dynamic': the level's settings are `DynamicSettings`' (dynamic/level.py); 'whitespace' closes a
   # segment after each byte in `boundary_bytes`, but a run of `boundary_run_bytes` closes one, after its first byte
   # (' ': an indentation stays in one segment).
   boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))

@@ -8,8 +8,8 @@ Parts are named `stage@factor`, the factor being the total shortening (multi-sca
 import dataclasses
 
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hourglass.dynamic_level import max_segments
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic.level import max_segments
+from hourglass_jax.model.hourglass.dynamic.predictors import resolve
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic_level import dynamic_options
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic.level import dynamic_options
+from hourglass_jax.model.hourglass.dynamic.predictors import resolve
 from hourglass_jax.model.layer_config import check_dtype_runs_here
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown

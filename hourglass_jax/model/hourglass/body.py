@@ -1,5 +1,5 @@
 """The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively.
-Each shortened level is fixed (fixed_body.py) or dynamic (dynamic_body.py), with its forward pass and its cached
+Each shortened level is fixed (fixed_body.py) or dynamic (dynamic/body.py), with its forward pass and its cached
 decoding; the body checks its input, builds the levels' modules and recurses.
 
 The same module decodes with a cache (`cache`, `position`): a level's cache holds the K/V of its stacks ('pre',
@@ -13,8 +13,9 @@ import numpy as np
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.checks import is_checkable
-from hourglass_jax.model.hourglass import dynamic_body, fixed_body
-from hourglass_jax.model.hourglass.dynamic_level import (DynamicSettings, DynamicShorten, dynamic_options,
+from hourglass_jax.model.hourglass import fixed_body
+from hourglass_jax.model.hourglass.dynamic import body as dynamic_body
+from hourglass_jax.model.hourglass.dynamic.level import (DynamicSettings, DynamicShorten, dynamic_options,
                                                          level_predictors)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields

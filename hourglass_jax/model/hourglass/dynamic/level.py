@@ -1,6 +1,6 @@
 """A dynamically shortened Hourglass level's resampling (dynamic token pooling, Nawrot et al. 2023): boundary
 decisions -> segments -> their means (`DynamicShorten`), and each position's last completed segment back
-(`DynamicUpsample`). The segment ops and their causality argument are in dynamic.py; the boundary predictors
+(`DynamicUpsample`). The segment ops and their causality argument are in segments.py; the boundary predictors
 ('boundaries') in predictors/, one module each.
 """
 
@@ -12,11 +12,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
+from hourglass_jax.model.hourglass.dynamic.segments import (completed_segments, pool_segments, positions_in_segments,
                                                    segment_boundary_probs, segment_ids, smooth_segments,
                                                    straight_through_weights, upsample_segments)
-from hourglass_jax.model.hourglass.predictors import INNER_PREDICTORS, PREDICTORS, resolve
-from hourglass_jax.model.hourglass.predictors.base import masked_mean, valid_positions
+from hourglass_jax.model.hourglass.dynamic.predictors import INNER_PREDICTORS, PREDICTORS, resolve
+from hourglass_jax.model.hourglass.dynamic.predictors.base import masked_mean, valid_positions
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int, module_fields, setting
 from hourglass_jax.model.layers import layer_norm
 
@@ -183,7 +183,7 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
   `segment_pooling` 'mean' averages each segment's vectors; 'linear' averages W_s x_t + b, s the position's index
   in its segment (`PositionProjection`, k matrices, later positions share the last; starts as the mean).
 
-  Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and `positions_L` (x's
+  Cached decoding passes `previous` (the segment state of dynamic/cache.py) and `positions_L` (x's
   entries) and gets (boundaries b [B, T]; the probabilities to smooth by [B, T] or None; the predictor's state after
   each of x's tokens [B, T, ...]; the vectors [B, T, D] that segments sum: x, or its projection for 'linear').
 

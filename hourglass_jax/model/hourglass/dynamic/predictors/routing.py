@@ -4,7 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.predictors.base import (BoundaryPredictor, Decision, masked_mean, previous_rows,
+from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, masked_mean, previous_rows,
                                                            register, valid_positions)
 
 

@@ -4,7 +4,7 @@ import re
 
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.predictors.base import BoundaryPredictor, Decision, register
+from hourglass_jax.model.hourglass.dynamic.predictors.base import BoundaryPredictor, Decision, register
 
 
 MAX_COUNT = 2**20  # positions a segment may span: beyond any window this library trains on

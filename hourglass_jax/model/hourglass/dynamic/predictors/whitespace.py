@@ -2,8 +2,8 @@
 
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.dynamic import byte_mask, merge_runs
-from hourglass_jax.model.hourglass.predictors.base import BoundaryPredictor, Decision, register
+from hourglass_jax.model.hourglass.dynamic.segments import byte_mask, merge_runs
+from hourglass_jax.model.hourglass.dynamic.predictors.base import BoundaryPredictor, Decision, register
 
 
 @register

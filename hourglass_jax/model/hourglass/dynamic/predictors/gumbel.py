@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
+from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
                                                            register)
 from hourglass_jax.model.layer_config import check_choice
 from hourglass_jax.model.layers import dense

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hourglass_jax.model.hourglass.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
+from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
                                                            previous_rows, register)
 
 

@@ -6,15 +6,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hourglass_jax.model.hourglass import dynamic_cache
-from hourglass_jax.model.hourglass.dynamic import segments_holding, smooth_segments
-from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic import cache as dynamic_cache
+from hourglass_jax.model.hourglass.dynamic.segments import segments_holding, smooth_segments
+from hourglass_jax.model.hourglass.dynamic.level import DynamicUpsample, Segments, max_segments
+from hourglass_jax.model.hourglass.dynamic.predictors import resolve
 
 
 def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: str):
   """(this level's cache entries: the per-position segment state with what `predictor` keeps, and per segment its
-  mean, boundary probability and output (dynamic_cache.py); the inner level's stream length: the M segment slots of
+  mean, boundary probability and output (cache.py); the inner level's stream length: the M segment slots of
   the forward pass, of which the M-1 that can complete are ever read)."""
   num = max_segments(padded, hierarchy.relative_factor(0), segment_capacity)
   dtype = cfg.compute_dtype
@@ -38,7 +38,7 @@ def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **
 
 
 def decode(body, hierarchy, options, x_BxTxD, cache, start, **inputs):
-  """`forward` with a cache (dynamic_cache.py) for x's T rows at stream entries start..: the tokens join and close
+  """`forward` with a cache (cache.py) for x's T rows at stream entries start..: the tokens join and close
   segments in order, the segments they close go through the inner level together, and each token reads the newest
   segment completed at or before it."""
   length = x_BxTxD.shape[1]

@@ -2,9 +2,9 @@
 `resolve(name)` picks one by the name `boundaries` gives; BOUNDARY_PREDICTORS lists the names that need no
 setting."""
 
-from hourglass_jax.model.hourglass.predictors.base import (PREDICTORS, BoundaryPredictor, Decision, register,
+from hourglass_jax.model.hourglass.dynamic.predictors.base import (PREDICTORS, BoundaryPredictor, Decision, register,
                                                            resolve)
-from hourglass_jax.model.hourglass.predictors import whitespace, gumbel, routing, entropy, every  # noqa: F401  registers
+from hourglass_jax.model.hourglass.dynamic.predictors import whitespace, gumbel, routing, entropy, every  # noqa: F401  registers
 
 BOUNDARY_PREDICTORS = tuple(key for key, cls in PREDICTORS.items() if cls.parse(key) is not None)
 INNER_PREDICTORS = tuple(key for key, cls in PREDICTORS.items() if cls.inner)
