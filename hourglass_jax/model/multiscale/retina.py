@@ -15,10 +15,11 @@ import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks
+from hourglass_jax.model.layers import feed_forward_residual, layer_norm, pad_to, scan_blocks
 from hourglass_jax.model.multiscale.attention import ScaleAttention
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, cached_pyramid, pyramid, pyramid_cache
 from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
+from hourglass_jax.sharding import LAYERS_AXIS
 
 
 def check_windows_fit(scales: MultiScale, retina_windows: str, length: int) -> None:
