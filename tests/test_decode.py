@@ -86,7 +86,7 @@ def model_and_params(cfg):
       variables = centered_gumbel_levels(model, variables, jnp.asarray(TOKENS))
     if not cfg.dynamic or all(0.1 < rate < 0.9 for predictor, rate in zip(cfg.level_predictors,
                                                                           level_rates(model, variables))
-                              if predictor != "whitespace"):
+                              if str(predictor) != "whitespace"):
       return model, decode.unbox_params(variables)
   raise AssertionError(f"no draw of variables gives {describe(cfg)} a mixed boundary rate")
 

@@ -12,10 +12,10 @@ import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.model import ModelConfig, build_model, counting
-from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES, WHITESPACE_BYTES
+from hourglass_jax.model.hourglass import (BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES, WHITESPACE_BYTES,
+                                          whitespace_boundaries)
 from hourglass_jax.testing import causality_violations, random_variables
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.model.hourglass.dynamic.segments import whitespace_boundaries
 from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import evaluation_noise
 from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
@@ -336,5 +336,5 @@ def test_each_predictor_has_a_cpu_and_an_enwik8_preset(name, params, predictor):
   # The CPU preset trains on Python: its bytes cut it near 1/4 (test_whitespace_runs.py); enwik8 keeps the default.
   code_bytes = (CODE_BOUNDARY_BYTES.decode(), " ") if name == "dynamic" else (WHITESPACE_BYTES.decode(), "")
   assert (cfg.boundary_bytes, cfg.boundary_run_bytes) == code_bytes
-  with pytest.raises(ValueError, match=f"configs/{name}.py: unknown boundary predictor 'spaces'"):
+  with pytest.raises(ValueError, match=f"configs/{name}.py: boundaries='spaces' is not supported"):
     load_config(name, "spaces")

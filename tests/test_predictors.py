@@ -41,6 +41,6 @@ def test_each_predictor_keeps_its_parameter_paths_and_decodes_with_its_own_state
 def test_the_registry_lists_every_predictor_in_order_and_names_the_choices():
   assert BOUNDARY_PREDICTORS == ("whitespace", "gumbel", "routing", "entropy")
   assert set(BOUNDARY_PREDICTORS) <= set(PREDICTORS)
-  assert resolve("gumbel") == (PREDICTORS["gumbel"], {})
+  assert resolve("gumbel").cls is PREDICTORS["gumbel"] and resolve(resolve("gumbel")) == resolve("gumbel")
   with pytest.raises(ValueError, match="model.boundaries='spaces' is not supported; choose one of whitespace"):
     resolve("spaces", "model.boundaries")

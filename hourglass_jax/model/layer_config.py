@@ -151,14 +151,30 @@ class LayerConfig(BlockSettings):
     return {name: getattr(self, name) for name in LAYER_FIELDS}
 
 
-def module_fields(settings: type, **defaults) -> type:
-  """The fields of the dataclass `settings` as a keyword-only dataclass a Linen module can inherit (Linen modules
-  cannot inherit a frozen one; nn.Module's repr and each module's eq stay); `defaults` replaces some defaults, which
-  makes those fields optional."""
-  fields = [(f.name, f.type | None if f.name in defaults and defaults[f.name] is None else f.type,
-             dataclasses.field(default=defaults.get(f.name, f.default), kw_only=True))
-            for f in dataclasses.fields(settings)]
-  return dataclasses.make_dataclass(f"{settings.__name__}Fields", fields, repr=False, eq=False)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VocabSettings:
+  """The token vocabulary, declared once: the LM's embedding and head read it, and so does a boundary predictor that
+  predicts tokens ('entropy')."""
+  vocab_size: int = setting(256)  # token ids 0..vocab_size-1 (256: bytes)
+
+
+def settings_class(name: str, fields, frozen: bool = False, **defaults) -> type:
+  """A keyword-only dataclass of `fields` (other classes' declarations: names, types, defaults and metadata), with
+  nn.Module's repr and each module's eq left alone; `defaults` replaces some defaults, which the class records as its
+  `settings_overrides` (None makes the field optional)."""
+  made = dataclasses.make_dataclass(name, [
+      (f.name, f.type | None if f.name in defaults and defaults[f.name] is None else f.type,
+       dataclasses.field(default=defaults.get(f.name, f.default), metadata=f.metadata, kw_only=True))
+      for f in fields], frozen=frozen, repr=False, eq=False)
+  made.settings_overrides = defaults
+  return made
+
+
+def module_fields(settings: type, *names: str, **defaults) -> type:
+  """The fields of the dataclass `settings` (those of `names`, when given) as a keyword-only dataclass a Linen module
+  can inherit (Linen modules cannot inherit a frozen one); `defaults` overrides some (`settings_class`)."""
+  return settings_class(f"{settings.__name__}Fields", [f for f in dataclasses.fields(settings)
+                                                       if not names or f.name in names], **defaults)
 
 
 class LayerOptions(module_fields(BlockSettings, d_model=None, d_ff=None), nn.Module):

@@ -7,7 +7,6 @@ from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
 from hourglass_jax.model.hourglass.dynamic.level import dynamic_options
-from hourglass_jax.model.hourglass.dynamic.predictors import resolve
 from hourglass_jax.model.layer_config import check_dtype_runs_here
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
@@ -19,8 +18,8 @@ def build_body(cfg: ModelConfig, name: str = "body"):
   """The reusable body module of `cfg.kind`, from the config's fields as plain keyword arguments."""
   options = cfg.layer_config.options()
   if cfg.kind in ("hourglass", "vanilla"):
-    return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample,
-                     boundary_vocab=cfg.vocab_size, **dynamic_options(cfg), **options, name=name)
+    return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample, **dynamic_options(cfg),
+                     **options, name=name)
   if cfg.kind == "topdown":
     return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
                    upsampler=cfg.upsampler, **options, name=name)
@@ -73,4 +72,4 @@ class HourglassLM(nn.Module):
     keywords (`targets`: a whole sequence, not decoding)."""
     if not self.cfg.dynamic:
       return {}
-    return resolve(self.cfg.level_predictors[0])[0].from_tokens(self.cfg, tokens_BxL, targets)
+    return self.cfg.level_predictors[0].from_tokens(self.cfg, tokens_BxL, targets)

@@ -3,10 +3,10 @@ shortening (the dynamic/ package) and the recursive body (body.py, with its fixe
 levels)."""
 
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic.segments import (CODE_BOUNDARY_BYTES, WHITESPACE_BYTES, byte_mask,
-                                                   whitespace_boundaries)
 from hourglass_jax.model.hourglass.dynamic.level import DynamicShorten, DynamicUpsample, Segments, max_segments
 from hourglass_jax.model.hourglass.dynamic.predictors import BOUNDARY_PREDICTORS
+from hourglass_jax.model.hourglass.dynamic.predictors.whitespace import (CODE_BOUNDARY_BYTES, WHITESPACE_BYTES,
+                                                                         byte_mask, whitespace_boundaries)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.hourglass.resampling import (SHORTEN_METHODS, UPSAMPLE_METHODS, Shorten, Upsample,
                                                       shift_right)

@@ -1,4 +1,5 @@
-"""The boundary-predictor interface, its registry, and the losses and masks predictors share."""
+"""The boundary-predictor interface, its registry (a name resolves to a `Predictor`), and the losses and masks
+predictors share."""
 
 import dataclasses
 import math
@@ -9,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
-from hourglass_jax.model.layer_config import LayerConfig
+from hourglass_jax.model.layer_config import LayerConfig, setting
 
+DYNAMIC = "dynamic"  # shorten='dynamic', and the kind of function a dynamic level's settings change
 PREDICTORS: dict[str, type["BoundaryPredictor"]] = {}  # key -> class, in the order registered
 
 
@@ -30,33 +32,44 @@ class BoundaryPredictor(nn.Module):
   when None); `lengths_B`: the positions of each row its losses count (a nested level's filled slots); `state`: the
   decoding state before x's first position (None: a forward pass); `inputs`: what it reads besides x.
 
-  A subclass declares its `key` (the name `boundaries` gives it; `parse` for names that carry settings), the
+  A subclass declares its `key` (the name `boundaries` gives it; `parse` for names that carry settings) and the
+  `examples` of its names the conformance grid builds it with (tests/test_predictors.py; default: `key`), the
   `module_name` of its parameters under the level, whether it can cut an `inner` level's stream of segments (not
-  only bytes), the keyword `inputs` it reads (`from_tokens` makes them), its settings as fields named as the
-  level's (DynamicShorten's), which the level fills, and their `check`; its per-row decoding state (`new_state`);
-  its (params, forward FLOPs) at a level of `length` positions (`cost`); `loss_weight`, the boundary_loss_weight
-  the presets give its loss (None: it has none); and `segment_length`, where it fixes its segments' length."""
+  only bytes), the keyword `inputs` it reads (`from_tokens` makes them); its settings as fields made with `setting`
+  (the dynamic level's settings and the config keys model.<name> derive from them; another predictor's, or the
+  model's, are taken with `module_fields`), which the level fills, and their `check`; what `describe` adds to a
+  summary of its cuts; its per-row decoding state (`new_state`); its (params, forward FLOPs) at a level of `length`
+  positions (`cost`); `loss_weight`, the boundary_loss_weight the presets give its loss (None: it has none;
+  `cpu_loss_weight`: the CPU preset's, for one level, where it differs); and `segment_length`, where it fixes its
+  segments' length."""
   cfg: LayerConfig
   factor: int
-  boundary_loss_weight: float = 1.0
+  boundary_loss_weight: float = setting(1.0)  # the weight of its loss in training (a prior, H-Net's ratio loss)
 
   key: ClassVar[str]
+  examples: ClassVar[tuple[str, ...]] = ()
   module_name: ClassVar[str]
   inner: ClassVar[bool] = True
   inputs: ClassVar[tuple[str, ...]] = ()
   loss_weight: ClassVar[float | None] = None
+  cpu_loss_weight: ClassVar[float | None] = None
 
   @classmethod
   def parse(cls, name: str) -> dict | None:
     return {} if name == cls.key else None
 
   @classmethod
-  def settings(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("cfg", "factor", "parent", "name"))
+  def settings(cls) -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(cls) if "function_of" in f.metadata)
 
   @classmethod
   def check(cls, level, prefix: str) -> None:
-    pass
+    if not 0 <= float(level.boundary_loss_weight) < math.inf:
+      raise ValueError(f"{prefix}boundary_loss_weight={level.boundary_loss_weight!r} must be a finite number >= 0.")
+
+  @classmethod
+  def describe(cls, level) -> str:
+    return ""
 
   @classmethod
   def from_tokens(cls, cfg, tokens_BxL, targets: bool) -> dict:
@@ -80,11 +93,40 @@ def register(cls):
   return cls
 
 
-def resolve(name: str, owner: str = "boundaries") -> tuple[type[BoundaryPredictor], dict]:
-  """(the predictor class `name` picks, the settings the name gives it); ValueError naming the choices."""
+@dataclasses.dataclass(frozen=True)
+class Predictor:
+  """A level's predictor, resolved once from its name in `boundaries` and handed down: its class, whose attributes
+  it reads through (`inner`, `inputs`, `cost`, `new_state`, `from_tokens`, ...), and the settings the name gives
+  ('every2': count=2)."""
+  name: str
+  cls: type[BoundaryPredictor]
+  named: tuple = ()  # (setting, value) pairs
+
+  def __getattr__(self, attribute: str):
+    if attribute.startswith("__"):  # copy and pickle probe before the fields exist
+      raise AttributeError(attribute)
+    return getattr(self.cls, attribute)
+
+  def __str__(self) -> str:
+    return self.name
+
+  @property
+  def segment_length(self) -> int | None:
+    return self.cls.segment_length(**dict(self.named))
+
+  def module(self, cfg: LayerConfig, factor: int, level) -> BoundaryPredictor:
+    """Its module at a level of `factor`, the settings from the level's fields of their names."""
+    settings = {f.name: getattr(level, f.name) for f in self.cls.settings()}
+    return self.cls(cfg, factor, **dict(settings, **dict(self.named)), name=self.cls.module_name)
+
+
+def resolve(name, owner: str = "boundaries") -> Predictor:
+  """The predictor `name` picks (a resolved one passes through); ValueError naming the choices."""
+  if isinstance(name, Predictor):
+    return name
   for cls in PREDICTORS.values():
     if (settings := cls.parse(name)) is not None:
-      return cls, settings
+      return Predictor(name, cls, tuple(settings.items()))
   raise ValueError(f"{owner}={name!r} is not supported; choose one of {', '.join(PREDICTORS)}.")
 
 

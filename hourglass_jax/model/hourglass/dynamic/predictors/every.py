@@ -20,6 +20,7 @@ class Every(BoundaryPredictor):
   count: int = 2
 
   key = "every<N>"
+  examples = ("every2", "every3")
   module_name = "every"
 
   @classmethod
