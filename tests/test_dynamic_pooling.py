@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hourglass_jax.model.hourglass import whitespace_boundaries
 from hourglass_jax.model.hourglass.dynamic.segments import (completed_segments, pool_segments, positions_in_segments,
-                                                   segment_boundary_probs, segment_ids, smooth_segments,
-                                                   straight_through_weights, upsample_segments, whitespace_boundaries)
+                                                            segment_boundary_probs, segment_ids, smooth_segments,
+                                                            straight_through_weights, upsample_segments)
 from hourglass_jax.model.hourglass.dynamic.predictors.routing import ratio_loss
 
 RNG = np.random.default_rng(0)

@@ -64,7 +64,8 @@ def show(weights, text: bytes, gumbel_evaluation: str | None = None) -> tuple[st
     prefix = "" if len(levels) == 1 else f"level {level + 1} ({'|' * (level + 1)}): "
     lines.append(f"{prefix}{int(cuts.sum())} boundaries in {len(cuts)} {unit}: one per "
                  f"{len(cuts) / max(int(cuts.sum()), 1):.2f} {unit.split()[-1]} (target "
-                 f"{cfg.parsed_hierarchy.relative_factor(level)}, predictor '{predictor}'{predictor.describe(cfg)})")
+                 f"{cfg.parsed_hierarchy.relative_factor(level)}, predictor '{predictor.key}'"
+                 f"{predictor.describe(cfg)})")
   return "\n".join(lines), levels[0][0]
 
 

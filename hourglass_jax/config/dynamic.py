@@ -1,6 +1,8 @@
 """Learned shortening for a config file: its shortened levels pool dynamic segments (configs/dynamic.py,
 configs/enwik8_dynamic.py)."""
 
+import itertools
+
 import ml_collections
 
 from hourglass_jax.model.hourglass.dynamic.level import level_predictors
@@ -15,8 +17,8 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
   ':predictor' argument). Several names ('whitespace,gumbel': outermost first) nest as many dynamic levels, each
   past the first with `inner_layers[0]` layers before and after it, the innermost `inner_layers[1]` at the center
   ('2@1 2@4 4@16 2@4 2@1'). A level's factor is the file's, or the segment length its predictor fixes. The loss
-  weight is the one the predictors with a loss share (H-Net's 0.03 where every one routes), else the default; `cpu`
-  (a small CPU preset) takes a single predictor's `cpu_loss_weight` where it has one."""
+  weight is the one the predictors with a loss share (H-Net's 0.03 where every one routes), else the default; on the
+  `cpu` preset a single predictor's `cpu_loss_weight`, where it has one."""
   try:
     predictors = [resolve(name.strip()) for name in predictor.split(",")]
   except ValueError as error:
@@ -27,16 +29,14 @@ def with_dynamic_shortening(cfg: ml_collections.ConfigDict, predictor: str, conf
                      "dynamic level. Set model.hierarchy and model.boundaries for more.")
   hierarchy = parse_hierarchy(cfg.model.hierarchy)
   (outer, _), (center, factor) = hierarchy.levels
-  factors = [p.segment_length or factor for p in predictors]
+  factors = [p.segment_length() or factor for p in predictors]
   if len(predictors) > 1 or factors[0] != factor:
     inner = [inner_layers[0]] * (len(predictors) - 1) if inner_layers else []
-    totals = [1]
-    for k in factors:
-      totals.append(totals[-1] * k)
+    totals = list(itertools.accumulate(factors, lambda total, k: total * k, initial=1))
     level = lambda layers: [f"{n}@{total}" for n, total in zip(layers, totals)]
     cfg.model.hierarchy = " ".join(level([outer] + inner) + [f"{inner_layers[1] if inner else center}@{totals[-1]}"]
                                    + level([hierarchy.post_layers[0]] + inner)[::-1])
-  cfg.model.update(shorten="dynamic", upsample="repeat", boundaries=",".join(map(str, predictors)))
+  cfg.model.update(shorten="dynamic", upsample="repeat", boundaries=",".join(p.key for p in predictors))
   level_predictors(parse_hierarchy(cfg.model.hierarchy), cfg.model.upsample, tuple(predictors),
                    f"configs/{config_name}.py:{predictor}: model.")
   weights = {p.loss_weight for p in predictors} - {None}

@@ -8,7 +8,7 @@ from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIND, LAYER_FIELDS, POSITIONS,
                                               REMAT_POLICIES, BlockSettings, LayerConfig, VocabSettings, check_choice,
                                               check_int, check_layer_settings, check_types, setting)
-from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings, Predictor,
+from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings, BoundaryPredictor,
                                                          check_dynamic_settings, level_predictors)
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
@@ -31,11 +31,9 @@ class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabS
   (`HourglassSettings`, hourglass/body.py), the multi-scale fields (`MultiScaleSettings`, multiscale/scales.py)
   and, for shorten='dynamic', the dynamic level's and its predictors' (`DynamicSettings`, hourglass/dynamic/).
   hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
-  as '12@1'; topdown and bottomup from `layers_per_scale`.
-
-  The defaults describe the papers' models: the enwik8 Hourglass ('5@1 24@3 5@1', configs/enwik8.py) and the
-  four-scale multi-scale models ('64,16,4,1'). The `hourglass_jax.nn` modules default to small bodies to build on
-  ('2@1 4@3 2@1' as configs/default.py, '16,4,1'), and take d_model and d_ff from their input.
+  as '12@1'; topdown and bottomup from `layers_per_scale`. The defaults describe the papers' models (configs/enwik8.py,
+  '64,16,4,1'); the `hourglass_jax.nn` modules override some with small bodies to build on ('2@1 4@3 2@1', '16,4,1')
+  and take d_model and d_ff from their input.
   """
   kind: str = setting("hourglass", function_of=KINDS)  # KINDS: the body
 
@@ -60,11 +58,10 @@ class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabS
                        "e.g. '2@1 4@3 2@1'.")
     if self.kind in MULTISCALE_KINDS:
       _ = self.parsed_scales  # raises on malformed multi-scale fields
-    if not self.dynamic:
-      _check_no_dynamic_settings(self)
     if self.dynamic:
-      check_dynamic_settings(self, "model.")
-      _ = self.level_predictors  # raises unless every shortened level can be dynamic with its predictor
+      check_dynamic_settings(self, "model.")  # with every level's predictor (`level_predictors`)
+    else:
+      _check_no_dynamic_settings(self)
 
   @property
   def dynamic(self) -> bool:
@@ -72,7 +69,7 @@ class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabS
     return self.kind == "hourglass" and self.shorten == DYNAMIC
 
   @property
-  def level_predictors(self) -> tuple[Predictor, ...]:
+  def level_predictors(self) -> tuple[type[BoundaryPredictor], ...]:
     """The boundary predictor of each shortened level, outermost first, resolved (dynamic models only)."""
     return level_predictors(self.parsed_hierarchy, self.upsample, self.boundaries)
 
@@ -114,8 +111,7 @@ class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabS
     return cls(**values)
 
 
-# Read only by a dynamic level (not the model's vocab_size, which 'entropy' reads too): set on another model, they
-# would be ignored without a word.
+# Read only by a dynamic level (not vocab_size, 'entropy' reads the model's): elsewhere they would be ignored unsaid.
 DYNAMIC_ONLY_FIELDS = tuple(name for name in DYNAMIC_FIELDS if name not in VocabSettings.__dataclass_fields__)
 
 
@@ -126,9 +122,8 @@ def without_dynamic_settings(fields: dict) -> dict:
 
 
 def _check_no_dynamic_settings(cfg: ModelConfig) -> None:
-  defaults = ModelConfig.__dataclass_fields__
-  changed = [f"model.{name}={getattr(cfg, name)!r}" for name in DYNAMIC_ONLY_FIELDS
-             if getattr(cfg, name) != defaults[name].default]
+  changed = [f"model.{name}={getattr(cfg, name)!r}" for name, default in without_dynamic_settings({}).items()
+             if getattr(cfg, name) != default]
   if changed:
     owner = f"kind={cfg.kind!r}" if cfg.kind != "hourglass" else f"shorten={cfg.shorten!r}"
     raise ValueError(f"{', '.join(changed)} only apply to learned shortening (shorten='dynamic'), but this model has "

@@ -1,6 +1,5 @@
-"""The Hourglass model: the level notation (hierarchy.py), causal shortening and up-sampling (resampling.py), learned
-shortening (the dynamic/ package) and the recursive body (body.py, with its fixed_body.py and dynamic/body.py
-levels)."""
+"""The Hourglass model: the level notation (hierarchy.py), causal resampling (resampling.py), learned shortening
+(dynamic/) and the recursive body (body.py, with its fixed_body.py and dynamic/body.py levels)."""
 
 from hourglass_jax.model.hourglass.body import Hourglass
 from hourglass_jax.model.hourglass.dynamic.level import DynamicShorten, DynamicUpsample, Segments, max_segments

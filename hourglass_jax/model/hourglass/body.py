@@ -1,7 +1,7 @@
 """The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively.
 Each shortened level is fixed (fixed_body.py) or dynamic (dynamic/body.py), with its forward pass and its cached
-decoding; the body checks its input and builds the levels' modules through four methods both levels use (`stack`,
-`shortening`, `inner_level`, `upsampling`).
+decoding; the body checks its input and builds each level's modules (`stack`, `shortening`, `inner_level`,
+`upsampling`: the interface both levels use).
 
 The same module decodes with a cache (`cache`, `position`): a level's cache holds the K/V of its stacks ('pre',
 'post', or 'layers' at the center), its level's own entries and the next level's cache ('inner').
@@ -19,7 +19,7 @@ from hourglass_jax.model.checks import is_checkable
 from hourglass_jax.model.hourglass import fixed_body
 from hourglass_jax.model.hourglass.dynamic import body as dynamic_body
 from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DynamicSettings, DynamicShorten, DynamicUpsample,
-                                                         Predictor, dynamic_options, level_predictors)
+                                                         BoundaryPredictor, dynamic_options, level_predictors)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields, setting
 from hourglass_jax.model.layers import DecoderStack
@@ -28,15 +28,14 @@ from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HourglassSettings:
-  """The Hourglass body's settings, declared once with the paper's enwik8 model as defaults: `ModelConfig` inherits
-  them, `Hourglass` takes them as keyword arguments."""
+  """The Hourglass body's settings (the paper's enwik8 model): `ModelConfig` inherits them, `Hourglass` takes them."""
   hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
   shorten: str = setting("attention_avg", function_of=("hourglass",))  # SHORTEN_METHODS, or 'dynamic' (learned)
   upsample: str = setting("attention_repeat", function_of=("hourglass",))  # UPSAMPLE_METHODS
 
 
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,
-                        padded: int, segment_capacity: float = 1.5, predictors: tuple[Predictor, ...] = ()) -> dict:
+                        padded: int, segment_capacity: float = 1.5, predictors: tuple = ()) -> dict:
   """Empty cache of an Hourglass body for `batch` sequences of `padded` (a multiple of the total
   factor) entries of its input stream; `predictors`: the dynamic levels', outermost first."""
   num_pre = hierarchy.levels[0][0]
@@ -96,11 +95,9 @@ class Hourglass(module_fields(HourglassSettings, hierarchy="2@1 4@3 2@1"), modul
   it; returns (y, cache). The cache is indexed by position: feeding rows from an earlier entry again (the rows a
   speculative decoder rejected, replaced) overwrites what followed it.
 
-  shorten='dynamic' takes the dynamic level's settings (`DynamicSettings`: its own and its predictors') and passes
-  `inputs` to the outermost level's predictor: boundaries='whitespace' takes `boundaries_BxL`
-  (`whitespace_boundaries(tokens)`), and for run bytes whose runs close one segment `runs_BxL`
-  (`byte_mask(tokens, run_bytes)`) beside `byte_mask(tokens, boundary_bytes)` as the boundaries: cached decoding
-  needs both to merge runs across steps.
+  shorten='dynamic' takes `DynamicSettings` (the level's and its predictors') and passes `inputs` to the outermost
+  level's predictor: 'whitespace' takes `boundaries_BxL` (`whitespace_boundaries(tokens)`, or with run bytes
+  `byte_mask(tokens, boundary_bytes)` and `runs_BxL`, `byte_mask(tokens, run_bytes)`, to merge runs in decoding).
   """
   outer_factor: int = 1
 
@@ -134,7 +131,7 @@ class Hourglass(module_fields(HourglassSettings, hierarchy="2@1 4@3 2@1"), modul
       y_BxLxD = jnp.where((start < 0) | (start + x_BxLxD.shape[1] > size), jnp.nan, y_BxLxD)
     return y_BxLxD, cache
 
-  def predictors(self, hierarchy) -> tuple[Predictor, ...]:
+  def predictors(self, hierarchy) -> tuple[type[BoundaryPredictor], ...]:
     """The dynamic levels' predictors, this level's first: resolved once, then handed to the level and inward."""
     return level_predictors(hierarchy, self.upsample, self.boundaries, "Hourglass.")
 

@@ -1,6 +1,5 @@
 """A fixed Hourglass level of the body (shorten by a factor k): its forward pass, its cached decoding and its cache
-entries. `body` is the Hourglass module whose level this is: it builds the level's modules (`stack`, `shortening`,
-`inner_level`, `upsampling`).
+entries. `body` is the Hourglass module whose level this is: it builds the level's modules (`stack`, ...).
 
 In decoding, shortened token j becomes computable at stream entry jk, so the shortening and the inner level run
 only for the tokens the new rows complete (under `nn.cond` when there may be none): fed one token at a time, a

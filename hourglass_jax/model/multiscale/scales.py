@@ -19,8 +19,7 @@ _SCALES_HELP = ("Expected comma-separated cumulative pooling factors listed coar
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MultiScaleSettings:
-  """The multi-scale fields, declared once with the paper's four-scale model as defaults: `ModelConfig` inherits
-  them; TopDown, BottomUp and Retina take those they read as keyword arguments (`module_fields`)."""
+  """The multi-scale settings (the paper's four-scale model): `ModelConfig` inherits them, the bodies take theirs."""
   scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)  # cumulative pooling factors, coarse to fine
   layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))  # one layer count per scale
   heads_per_scale: str = setting("", function_of=("bottomup", "retina"))  # heads reading each scale ('' = even)

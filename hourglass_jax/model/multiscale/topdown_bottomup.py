@@ -59,12 +59,9 @@ def _cached_stack(cfg: LayerConfig, scales: MultiScale, i: int, cache: dict, x_B
   return y_BxTxD
 
 
-# A small body to build on: ModelConfig's defaults are the paper's four-scale model ('64,16,4,1', '2,4,8,12').
-SMALL_SCALES = dict(scales="16,4,1", layers_per_scale="2,2,2")
-
-
+# A small body to build on (so is BottomUp): ModelConfig's defaults are the paper's four-scale model.
 class TopDown(module_fields(MultiScaleSettings, "scales", "layers_per_scale", "downsampler", "upsampler",
-                            **SMALL_SCALES), LayerOptions):
+                            scales="16,4,1", layers_per_scale="2,2,2"), LayerOptions):
   """Coarsest scale on pooled inputs; each finer scale's input is GELU(Linear(concat(pooled inputs, up-sampled
   coarser output))); the scale-1 stack's output is y. `scales` ('64,16,4,1', coarse to fine) and
   `layers_per_scale` ('2,4,8,12') as in the multi-scale notation; `downsampler` 'avg' | 'conv', `upsampler`
@@ -157,7 +154,7 @@ class AggregationBlock(nn.Module):
 
 
 class BottomUp(module_fields(MultiScaleSettings, "scales", "layers_per_scale", "heads_per_scale", "downsampler",
-                             **SMALL_SCALES), LayerOptions):
+                             scales="16,4,1", layers_per_scale="2,2,2"), LayerOptions):
   """Pool upward from x, each coarser scale from the finer scale's output, running each scale's stack; then one
   aggregation layer at scale 1 whose head groups (`heads_per_scale`, '' = even split) read all scales; then the
   scale-1 stack gives y. Fields as `TopDown`; block settings: `LayerOptions`. Cached decoding: see the module

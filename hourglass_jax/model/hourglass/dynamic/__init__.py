@@ -1,2 +1,1 @@
-"""Learned shortening (shorten='dynamic'): segment ops (segments.py), the boundary predictors (predictors/), the
-level's modules (level.py), its place in the body (body.py) and its decoding cache (cache.py)."""
+"""Learned shortening: segment ops, the boundary predictors, the level's modules, its body level and cache."""

@@ -1,6 +1,5 @@
 """A dynamic Hourglass level of the body (shorten='dynamic'): its forward pass, its cached decoding and its cache
-entries. `body` is the Hourglass module whose level this is: it builds the level's modules (`stack`, `shortening`,
-`inner_level`, `upsampling`)."""
+entries. `body` is the Hourglass module whose level this is: it builds the level's modules (`stack`, ...)."""
 
 import flax.linen as nn
 import jax
@@ -9,10 +8,10 @@ from jax import lax
 
 from hourglass_jax.model.hourglass.dynamic import cache as dynamic_cache
 from hourglass_jax.model.hourglass.dynamic.segments import segments_holding, smooth_segments
-from hourglass_jax.model.hourglass.dynamic.level import Predictor, Segments, max_segments
+from hourglass_jax.model.hourglass.dynamic.level import BoundaryPredictor, Segments, max_segments
 
 
-def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: Predictor):
+def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: type[BoundaryPredictor]):
   """(this level's cache entries: the per-position segment state with what `predictor` keeps, and per segment its
   mean, boundary probability and output (cache.py); the inner level's stream length: the M segment slots of
   the forward pass, of which the M-1 that can complete are ever read)."""

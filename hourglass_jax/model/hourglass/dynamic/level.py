@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model.hourglass.dynamic.segments import (completed_segments, pool_segments, positions_in_segments,
-                                                   segment_boundary_probs, segment_ids, smooth_segments,
-                                                   straight_through_weights, upsample_segments)
+                                                            segment_boundary_probs, segment_ids, smooth_segments,
+                                                            straight_through_weights, upsample_segments)
 from hourglass_jax.model.hourglass.dynamic.predictors import (DYNAMIC, INNER_PREDICTORS, PREDICTORS, SETTINGS,
-                                                              BoundaryPredictor, Predictor, resolve)
+                                                              BoundaryPredictor, resolve)
 from hourglass_jax.model.hourglass.dynamic.predictors.base import masked_mean, valid_positions
 from hourglass_jax.model.layer_config import (LayerConfig, LayerOptions, check_choice, check_int, module_fields,
                                               setting, settings_class)
@@ -34,10 +34,9 @@ class LevelSettings:
   segment_pooling: str = setting("mean", function_of=(DYNAMIC,))  # 'mean', or 'linear': the mean of W_s x + b
 
 
-# `ModelConfig` inherits these, `Hourglass` and `DynamicShorten` take them as keyword arguments (`module_fields`).
+# A dynamic level's settings, its own and those its registered predictors declare with `setting`: `ModelConfig`
+# inherits them (config keys model.<name>), `Hourglass` and `DynamicShorten` take them as keyword arguments.
 DynamicSettings = settings_class("DynamicSettings", dataclasses.fields(LevelSettings) + SETTINGS, frozen=True)
-DynamicSettings.__doc__ = """A dynamic level's settings: its own (`LevelSettings`) and those its predictors declare
-(predictors/: a setting declared with `setting` on a registered predictor is one of these, and a config key)."""
 DYNAMIC_FIELDS = tuple(f.name for f in dataclasses.fields(DynamicSettings))
 
 
@@ -101,11 +100,12 @@ def check_segments_fit(s, prefix: str) -> None:
   the merged tail. `s`: a DynamicShorten (one level, its `factor`) or a ModelConfig (each level of its hierarchy)."""
   levels = [(resolve(s.boundaries), s.factor)] if hasattr(s, "factor") else _levels(s, prefix)
   for level, (predictor, factor) in enumerate(levels, start=1):
-    length = predictor.segment_length
+    length = predictor.segment_length()
     if length and isinstance(factor, int) and length * s.segment_capacity < factor:
       where = f"level {level}" if len(levels) > 1 else "its level"
-      raise ValueError(f"{prefix}boundaries={str(s.boundaries)!r}: {str(predictor)!r} closes a segment every "
-                       f"{length} positions, but {where} shortens by {factor}, so its {prefix}segment_capacity={s.segment_capacity!r} x "
+      given = getattr(s.boundaries, "key", s.boundaries)  # a DynamicShorten's may be its resolved predictor
+      raise ValueError(f"{prefix}boundaries={given!r}: {predictor.key!r} closes a segment every {length} positions, "
+                       f"but {where} shortens by {factor}, so its {prefix}segment_capacity={s.segment_capacity!r} x "
                        f"L/{factor} slots cannot hold the L/{length} segments (the rest would share one merged "
                        f"segment). Give that level the factor {length}, or raise segment_capacity to "
                        f">= {factor / length:.3g}.")
@@ -116,7 +116,7 @@ def check_segments_in_window(cfg, seq_len: int) -> None:
   that they never close in it: at each level the length its predictor fixes (every<N>) or else its factor, in all;
   and one that shortens by more than the window (padded to that many positions)."""
   levels = _levels(cfg, "model.")
-  span = math.prod(predictor.segment_length or factor for predictor, factor in levels)
+  span = math.prod(predictor.segment_length() or factor for predictor, factor in levels)
   needed = max(span, cfg.pad_multiple)
   if needed > seq_len:
     what = f"segments of {span:,} positions" if span >= cfg.pad_multiple else f"a shortening by {needed:,}"
@@ -126,27 +126,25 @@ def check_segments_in_window(cfg, seq_len: int) -> None:
                      "smaller factors).")
 
 
-def _levels(cfg, prefix: str) -> list[tuple[Predictor, int]]:
+def _levels(cfg, prefix: str) -> list[tuple[type[BoundaryPredictor], int]]:
   """(predictor, factor) of each shortened level of a ModelConfig, outermost first."""
-  hierarchy = cfg.parsed_hierarchy
-  predictors = level_predictors(hierarchy, cfg.upsample, cfg.boundaries, prefix)
-  return [(predictor, hierarchy.relative_factor(i)) for i, predictor in enumerate(predictors)]
+  predictors = level_predictors(cfg.parsed_hierarchy, cfg.upsample, cfg.boundaries, prefix)
+  return [(predictor, cfg.parsed_hierarchy.relative_factor(i)) for i, predictor in enumerate(predictors)]
 
 
 @functools.cache
-def level_predictors(hierarchy, upsample: str, boundaries, prefix: str = "model.") -> tuple[Predictor, ...]:
-  """The boundary predictor of each shortened level of `hierarchy`, outermost first, resolved (once: cached) from
-  `boundaries`: one name for every level, a comma-separated name per level ('whitespace,gumbel'), or the resolved
-  predictors a body hands its inner level. Raises unless every level can be dynamic: up-sampled by 'repeat', and past
-  the first level (which reads a segment stream, not bytes) cut by one of INNER_PREDICTORS; `prefix` names the
-  fields' owner ('model.', 'Hourglass.')."""
+def level_predictors(hierarchy, upsample: str, boundaries, prefix: str = "model.") -> tuple:
+  """The boundary predictor of each shortened level of `hierarchy`, outermost first, resolved once (cached) from
+  `boundaries`: a name for every level, a name per level ('whitespace,gumbel'), or those a body hands inward.
+  Raises unless every level can be dynamic: up-sampled by 'repeat', and past the first level (which reads segments,
+  not bytes) cut by one of INNER_PREDICTORS; `prefix` names the fields' owner ('model.', 'Hourglass.')."""
   if not hierarchy.depth or upsample != "repeat":
     raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
                      f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
                      "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
   depth, owner = hierarchy.depth, f"{prefix}boundaries"
   names = tuple(name.strip() for name in boundaries.split(",")) if isinstance(boundaries, str) else boundaries
-  given = ",".join(map(str, names))
+  given = ",".join(getattr(name, "key", name) for name in names)
   if len(names) not in (1, depth):
     raise ValueError(f"{owner}={given!r} names {len(names)} predictors for {depth} shortened levels; give one "
                      f"for every level or one per level, outermost first (e.g. "
@@ -155,32 +153,27 @@ def level_predictors(hierarchy, upsample: str, boundaries, prefix: str = "model.
   for level, predictor in enumerate(predictors[1:], start=2):
     if not predictor.inner:
       raise ValueError(f"{owner}={given!r}: level {level} reads the segments of the level above, not bytes, so "
-                       f"{str(predictor)!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
-                       f"'{predictors[0]}{(',' + INNER_PREDICTORS[0]) * (depth - 1)}').")
+                       f"{predictor.key!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
+                       f"'{predictors[0].key}{(',' + INNER_PREDICTORS[0]) * (depth - 1)}').")
   return predictors
 
 
 class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at the boundaries of the
-  predictor `boundaries` names (predictors/: learned from x, or given as `inputs`, e.g. 'whitespace' takes
-  `boundaries_BxL`, bool [B, L], and `runs_BxL`). `factor` is the target average segment length;
-  M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2 share the merged tail M-1, which no
-  position reads. Every predictor decides b_t from positions <= t.
+  predictor `boundaries` names (or is: a body hands its levels their resolved predictors), learned from x or given
+  as `inputs` ('whitespace' takes `boundaries_BxL`, bool [B, L], and `runs_BxL`), b_t from positions <= t. `factor`
+  is the target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2
+  share the merged tail M-1, which no position reads. `segment_pooling` 'mean' averages each segment's vectors;
+  'linear' averages W_s x_t + b, s the position's index in its segment (`PositionProjection`).
 
-  Sows into 'losses' the predictor's losses (already weighted by `boundary_loss_weight`), into 'intermediates' the
-  'boundaries', and into 'metrics' the realised 'shortening_rate' (positions per boundary), 'boundary_rate' and
-  'segment_overflow' (the fraction of positions in the merged tail: raise segment_capacity when it is not ~0).
-  Apply with mutable=['losses', 'metrics'] to read them.
+  Sows into 'losses' the predictor's (weighted) losses, into 'intermediates' the 'boundaries', and into 'metrics'
+  the realised 'shortening_rate' (positions per boundary), 'boundary_rate' and 'segment_overflow' (the fraction of
+  positions in the merged tail: raise segment_capacity when it is not ~0), counting each row's first `lengths_B`
+  positions (a nested level's filled slots). Apply with mutable=['losses', 'metrics'] to read them.
 
-  `segment_pooling` 'mean' averages each segment's vectors; 'linear' averages W_s x_t + b, s the position's index
-  in its segment (`PositionProjection`, k matrices, later positions share the last; starts as the mean).
-
-  Cached decoding passes `previous` (the segment state of dynamic/cache.py) and `positions_L` (x's
-  entries) and gets (boundaries b [B, T]; the probabilities to smooth by [B, T] or None; the predictor's state after
-  each of x's tokens [B, T, ...]; the vectors [B, T, D] that segments sum: x, or its projection for 'linear').
-
-  `lengths_B` (a level inside another dynamic one, whose stream has empty segment slots at the end of each row)
-  counts only each row's first lengths_B positions in the losses and metrics.
+  Cached decoding passes `previous` (the segment state of dynamic/cache.py) and `positions_L` (x's entries) and
+  gets (boundaries b [B, T]; the probabilities to smooth by [B, T] or None; the predictor's state after each of x's
+  tokens [B, T, ...]; the vectors [B, T, D] that segments sum: x, or its projection for 'linear').
   """
   factor: int = 4
 
@@ -192,7 +185,7 @@ class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
     check_int("DynamicShorten.factor", self.factor, 2)
     for given in set(inputs) - set(predictor.inputs):
       readers = " or ".join(repr(key) for key, c in PREDICTORS.items() if given in c.inputs) or "no predictor"
-      raise ValueError(f"DynamicShorten(boundaries={str(predictor)!r}) got {given}, which only {readers} reads; "
+      raise ValueError(f"DynamicShorten(boundaries={predictor.key!r}) got {given}, which only {readers} reads; "
                        f"drop it, or pick a predictor that reads it.")
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
     decision = predictor.module(cfg, self.factor, self)(x_BxLxD, deterministic, positions_L, lengths_B, previous,

@@ -1,7 +1,7 @@
-"""The boundary-predictor interface, its registry (a name resolves to a `Predictor`), and the losses and masks
-predictors share."""
+"""The boundary-predictor interface, its registry, and the losses and masks predictors share."""
 
 import dataclasses
+import functools
 import math
 from typing import ClassVar, NamedTuple
 
@@ -33,15 +33,13 @@ class BoundaryPredictor(nn.Module):
   decoding state before x's first position (None: a forward pass); `inputs`: what it reads besides x.
 
   A subclass declares its `key` (the name `boundaries` gives it; `parse` for names that carry settings) and the
-  `examples` of its names the conformance grid builds it with (tests/test_predictors.py; default: `key`), the
-  `module_name` of its parameters under the level, whether it can cut an `inner` level's stream of segments (not
-  only bytes), the keyword `inputs` it reads (`from_tokens` makes them); its settings as fields made with `setting`
-  (the dynamic level's settings and the config keys model.<name> derive from them; another predictor's, or the
-  model's, are taken with `module_fields`), which the level fills, and their `check`; what `describe` adds to a
-  summary of its cuts; its per-row decoding state (`new_state`); its (params, forward FLOPs) at a level of `length`
-  positions (`cost`); `loss_weight`, the boundary_loss_weight the presets give its loss (None: it has none;
-  `cpu_loss_weight`: the CPU preset's, for one level, where it differs); and `segment_length`, where it fixes its
-  segments' length."""
+  `examples` the conformance grid builds it with (tests/test_predictors.py; default: `key`), the `module_name` of
+  its parameters, whether it can cut an `inner` level's stream of segments, the keyword `inputs` it reads
+  (`from_tokens` makes them); its settings, fields made with `setting` (the level's settings and config keys derive
+  from them; another's are taken with `module_fields`), and their `check`; what `describe` adds to a summary of its
+  cuts; its per-row decoding `new_state`; its (params, forward FLOPs) at `length` positions (`cost`); `loss_weight`,
+  the boundary_loss_weight the presets give its loss (None: no loss; `cpu_loss_weight`: the CPU preset's for one
+  level, where it differs); and `segment_length`, where it fixes its segments' length."""
   cfg: LayerConfig
   factor: int
   boundary_loss_weight: float = setting(1.0)  # the weight of its loss in training (a prior, H-Net's ratio loss)
@@ -67,25 +65,17 @@ class BoundaryPredictor(nn.Module):
     if not 0 <= float(level.boundary_loss_weight) < math.inf:
       raise ValueError(f"{prefix}boundary_loss_weight={level.boundary_loss_weight!r} must be a finite number >= 0.")
 
-  @classmethod
-  def describe(cls, level) -> str:
-    return ""
+  # Without their own: nothing to add to a summary, no inputs, no decoding state, no cost, no fixed segment length.
+  describe = classmethod(lambda cls, level: "")
+  from_tokens = classmethod(lambda cls, cfg, tokens_BxL, targets: {})
+  new_state = classmethod(lambda cls, batch, d_model, dtype: {})
+  cost = classmethod(lambda cls, cfg, length: (0, 0))
+  segment_length = classmethod(lambda cls: None)
 
   @classmethod
-  def from_tokens(cls, cfg, tokens_BxL, targets: bool) -> dict:
-    return {}
-
-  @classmethod
-  def new_state(cls, batch: int, d_model: int, dtype) -> dict:
-    return {}
-
-  @classmethod
-  def cost(cls, cfg, length: int) -> tuple[int, int]:
-    return 0, 0
-
-  @classmethod
-  def segment_length(cls, **settings) -> int | None:
-    return None
+  def module(cls, cfg: LayerConfig, factor: int, level) -> "BoundaryPredictor":
+    """Its module at a level of `factor`, its settings from the level's fields of their names."""
+    return cls(cfg, factor, **{f.name: getattr(level, f.name) for f in cls.settings()}, name=cls.module_name)
 
 
 def register(cls):
@@ -93,41 +83,21 @@ def register(cls):
   return cls
 
 
-@dataclasses.dataclass(frozen=True)
-class Predictor:
-  """A level's predictor, resolved once from its name in `boundaries` and handed down: its class, whose attributes
-  it reads through (`inner`, `inputs`, `cost`, `new_state`, `from_tokens`, ...), and the settings the name gives
-  ('every2': count=2)."""
-  name: str
-  cls: type[BoundaryPredictor]
-  named: tuple = ()  # (setting, value) pairs
-
-  def __getattr__(self, attribute: str):
-    if attribute.startswith("__"):  # copy and pickle probe before the fields exist
-      raise AttributeError(attribute)
-    return getattr(self.cls, attribute)
-
-  def __str__(self) -> str:
-    return self.name
-
-  @property
-  def segment_length(self) -> int | None:
-    return self.cls.segment_length(**dict(self.named))
-
-  def module(self, cfg: LayerConfig, factor: int, level) -> BoundaryPredictor:
-    """Its module at a level of `factor`, the settings from the level's fields of their names."""
-    settings = {f.name: getattr(level, f.name) for f in self.cls.settings()}
-    return self.cls(cfg, factor, **dict(settings, **dict(self.named)), name=self.cls.module_name)
-
-
-def resolve(name, owner: str = "boundaries") -> Predictor:
-  """The predictor `name` picks (a resolved one passes through); ValueError naming the choices."""
-  if isinstance(name, Predictor):
+def resolve(name, owner: str = "boundaries") -> type[BoundaryPredictor]:
+  """The predictor class `name` picks (a class passes through): for a name that carries settings ('every2'), a
+  subclass keyed by the name with them as its defaults (one per name). ValueError naming the choices."""
+  if isinstance(name, type):
     return name
   for cls in PREDICTORS.values():
     if (settings := cls.parse(name)) is not None:
-      return Predictor(name, cls, tuple(settings.items()))
+      return _named(cls, name, tuple(settings.items())) if settings else cls
   raise ValueError(f"{owner}={name!r} is not supported; choose one of {', '.join(PREDICTORS)}.")
+
+
+@functools.cache
+def _named(cls, name: str, settings: tuple) -> type[BoundaryPredictor]:
+  return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__annotations__": {k: type(v) for k, v in settings},
+                                     "key": name, **dict(settings)})
 
 
 def valid_positions(shape, lengths_B=None):

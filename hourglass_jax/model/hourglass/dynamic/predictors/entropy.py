@@ -35,9 +35,8 @@ class Entropy(module_fields(Gumbel, "gumbel_temperature"), module_fields(VocabSe
   def from_tokens(cls, cfg, tokens_BxL, targets: bool) -> dict:
     return {"next_tokens_BxL": jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)), constant_values=-1)} if targets else {}
 
-  @classmethod
-  def new_state(cls, batch: int, d_model: int, dtype) -> dict:
-    return {"entropy": jnp.zeros((batch,), jnp.float32), "seen": jnp.zeros((batch,), bool)}
+  new_state = classmethod(lambda cls, batch, d_model, dtype: {"entropy": jnp.zeros((batch,), jnp.float32),
+                                                                "seen": jnp.zeros((batch,), bool)})
 
   @classmethod
   def cost(cls, cfg, length: int) -> tuple[int, int]:

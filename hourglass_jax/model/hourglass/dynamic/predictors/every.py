@@ -32,9 +32,7 @@ class Every(BoundaryPredictor):
                        "'every2'.")
     return {"count": int(match.group(1))} if match else None
 
-  @classmethod
-  def segment_length(cls, count: int = 2) -> int:
-    return count
+  segment_length = classmethod(lambda cls: cls.count)
 
   def __call__(self, x_BxLxD, deterministic=True, positions_L=None, lengths_B=None, state=None):
     positions_L = jnp.arange(x_BxLxD.shape[1]) if positions_L is None else positions_L

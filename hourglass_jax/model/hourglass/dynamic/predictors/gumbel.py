@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
-                                                           register)
+                                                                   register)
 from hourglass_jax.model.layer_config import check_choice, setting
 from hourglass_jax.model.layers import dense
 
@@ -48,9 +48,7 @@ class Gumbel(BoundaryPredictor):
     if not 0 < float(level.gumbel_temperature) < math.inf:
       raise ValueError(f"{prefix}gumbel_temperature={level.gumbel_temperature!r} must be a finite number > 0.")
 
-  @classmethod
-  def describe(cls, level) -> str:
-    return f", evaluation '{level.gumbel_evaluation}'"
+  describe = classmethod(lambda cls, level: f", evaluation '{level.gumbel_evaluation}'")
 
   @classmethod
   def cost(cls, cfg, length: int) -> tuple[int, int]:

@@ -1,5 +1,4 @@
-"""'whitespace': segments close after the bytes of `boundary_bytes`, given from outside (no parameters): the byte
-sets, the masks the LM makes from the tokens, and the merging of runs."""
+"""'whitespace': segments close after given bytes (no parameters): the byte sets, masks and merging of runs."""
 
 import string
 
@@ -42,10 +41,9 @@ def merge_runs(boundaries_BxL, runs_BxL, run_before_B=None):
 
 @register
 class Whitespace(BoundaryPredictor):
-  """b_t = `boundaries_BxL` (`whitespace_boundaries(tokens)`, bool [B, L]), less those `merge_runs` drops where
-  `runs_BxL` marks run bytes (a run closes one segment; cached decoding keeps whether the last token was one). The LM
-  makes both from the tokens: a segment closes after each byte of `boundary_bytes`, but a run of `boundary_run_bytes`
-  closes one, after its first byte (' ': an indentation stays in one segment)."""
+  """b_t = `boundaries_BxL`, less those `merge_runs` drops where `runs_BxL` marks run bytes, both made by the LM from
+  the tokens (`from_tokens`): a segment closes after each byte of `boundary_bytes`, but a run of `boundary_run_bytes`
+  closes one, after its first byte (' ': an indentation stays in one segment; decoding keeps the last token's)."""
   boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))  # characters 0-255
   boundary_run_bytes: str = setting("", function_of=(DYNAMIC,))  # some of boundary_bytes
 
@@ -72,9 +70,7 @@ class Whitespace(BoundaryPredictor):
       inputs["runs_BxL"] = byte_mask(tokens_BxL, cfg.boundary_run_bytes.encode("latin-1"))
     return inputs
 
-  @classmethod
-  def new_state(cls, batch: int, d_model: int, dtype) -> dict:
-    return {"run": jnp.zeros((batch,), bool)}
+  new_state = classmethod(lambda cls, batch, d_model, dtype: {"run": jnp.zeros((batch,), bool)})
 
   def __call__(self, x_BxLxD, deterministic=True, positions_L=None, lengths_B=None, state=None,
                boundaries_BxL=None, runs_BxL=None):
