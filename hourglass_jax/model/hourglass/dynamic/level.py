@@ -98,7 +98,7 @@ def check_segments_fit(s, prefix: str) -> None:
   """Refuses a level whose predictor fixes its segments' length N (every<N>) shorter than the level's factor k
   allows: its segment_capacity x L/k slots cannot hold L/N segments, and the positions past them would all share
   the merged tail. `s`: a DynamicShorten (one level, its `factor`) or a ModelConfig (each level of its hierarchy)."""
-  levels = [(resolve(s.boundaries), s.factor)] if hasattr(s, "factor") else _levels(s, prefix)
+  levels = [(resolve(s.boundaries), s.factor)] if hasattr(s, "factor") else _levels(s)
   for level, (predictor, factor) in enumerate(levels, start=1):
     length = predictor.segment_length()
     if length and isinstance(factor, int) and length * s.segment_capacity < factor:
@@ -115,7 +115,7 @@ def check_segments_in_window(cfg, seq_len: int) -> None:
   """Refuses a dynamic model (ModelConfig) whose segments are longer than the window of `seq_len` positions, so
   that they never close in it: at each level the length its predictor fixes (every<N>) or else its factor, in all;
   and one that shortens by more than the window (padded to that many positions)."""
-  levels = _levels(cfg, "model.")
+  levels = _levels(cfg)
   span = math.prod(predictor.segment_length() or factor for predictor, factor in levels)
   needed = max(span, cfg.pad_multiple)
   if needed > seq_len:
@@ -126,10 +126,9 @@ def check_segments_in_window(cfg, seq_len: int) -> None:
                      "smaller factors).")
 
 
-def _levels(cfg, prefix: str) -> list[tuple[type[BoundaryPredictor], int]]:
+def _levels(cfg) -> list[tuple[type[BoundaryPredictor], int]]:
   """(predictor, factor) of each shortened level of a ModelConfig, outermost first."""
-  predictors = level_predictors(cfg.parsed_hierarchy, cfg.upsample, cfg.boundaries, prefix)
-  return [(predictor, cfg.parsed_hierarchy.relative_factor(i)) for i, predictor in enumerate(predictors)]
+  return [(predictor, cfg.parsed_hierarchy.relative_factor(i)) for i, predictor in enumerate(cfg.level_predictors)]
 
 
 @functools.cache
