@@ -190,6 +190,7 @@ def train_once(cfg) -> dict:
   metrics and the final training loss (not every step's: the study reads only the summary).
   Training stopped by a signal ends the study with a message (its workdir is temporary: nothing to resume from)."""
   start = time.perf_counter()
+  memory_maps.warn_if_low()
   with tempfile.TemporaryDirectory() as workdir:
     try:
       summary = train_and_evaluate(cfg, workdir, log=lambda message: None)

@@ -17,10 +17,6 @@ from hourglass_jax.config.base import base_config
 from hourglass_jax.config.dynamic import with_dynamic_shortening
 from hourglass_jax.model.hourglass import CODE_BOUNDARY_BYTES
 
-# One routing level at H-Net's 0.03 cut 0.341 of the bytes after 800 steps, at 0.3 0.247 (target 0.25); a nested
-# level held 0.248 at 0.03 (benchmarks/results/dynamic_predictors_800_steps.json).
-SINGLE_ROUTING_LOSS_WEIGHT = 0.3
-
 
 def get_config(predictor: str = "whitespace"):  # the lowest bits per byte in the study (docs/choosing.md)
   cfg = base_config()
@@ -29,9 +25,7 @@ def get_config(predictor: str = "whitespace"):  # the lowest bits per byte in th
   cfg.data.update(name="stdlib_text", seq_len=256, batch_size=16, eval_batches=20)
   cfg.train.update(steps=2_000, learning_rate=1e-3, warmup_steps=100, log_every=50, eval_every=500)
   cfg.checkpoint.update(every_steps=500)
-  cfg = with_dynamic_shortening(cfg, predictor, "dynamic", inner_layers=(2, 4))
-  if predictor.strip() == "routing":
-    cfg.model.boundary_loss_weight = SINGLE_ROUTING_LOSS_WEIGHT
+  cfg = with_dynamic_shortening(cfg, predictor, "dynamic", inner_layers=(2, 4), cpu=True)
   # The default bytes cut Python at 0.40 (indentation: a cut per space); these at 0.245, English alike (0.237).
   cfg.model.update(boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" ")
   return cfg

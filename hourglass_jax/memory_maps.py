@@ -6,7 +6,8 @@ caps the regions of one process at vm.max_map_count (65,530 by default): a proce
 models reaches it and XLA dies ("LLVM compilation error: Cannot allocate memory", then a segmentation fault).
 
 `warn_if_low` says so once per process, with the fix, on the CPU backend where the limit is low and the process is
-interactive or has already used a quarter of it; `release_programs` drops every compiled program (the persistent
+interactive or has already used a quarter of it: a process that builds many models (a notebook, a sweep) calls it
+before each one, as benchmarks/shortening_study.py does; `release_programs` drops every compiled program (the persistent
 compilation cache makes a later recompile cheap), as the library's own sweeps do between runs.
 """
 

@@ -27,8 +27,9 @@ from hourglass_jax.model.hourglass import (BOUNDARY_PREDICTORS, SHORTEN_METHODS,
                                           DynamicUpsample, Hourglass, Shorten, Upsample, byte_mask, shift_right,
                                           whitespace_boundaries)
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
-from hourglass_jax.model.layers import LAYERS_AXIS, DecoderStack
+from hourglass_jax.model.layers import DecoderStack
 from hourglass_jax.model.multiscale import BottomUp, Retina, TopDown
+from hourglass_jax.sharding import LAYERS_AXIS
 
 __all__ = ["BOUNDARY_PREDICTORS", "LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack",
            "DynamicShorten", "DynamicUpsample", "Hourglass", "LayerConfig", "LayerOptions", "Retina", "Shorten",

@@ -8,14 +8,13 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from hourglass_jax.model.layers import LAYERS_AXIS
-
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axis -> mesh axes. Activations name ('batch', 'length', 'embed'); a mesh axis already used by an earlier
 # logical axis of the same array is skipped, so activations shard batch over data x fsdp and parameters shard their
 # 'embed' dimension over fsdp (ZeRO-3 style) and heads / mlp / vocab over tensor (Megatron style). Scanned stacks
 # add a leading 'layers' axis to their blocks' parameters.
+LAYERS_AXIS = "layers"  # named by the model's scanned stacks (model/layers.py, retina.py)
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
     ("length", None),

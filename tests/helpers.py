@@ -29,9 +29,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from hourglass_jax.model import ModelConfig, build_model
+from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.config import MULTISCALE_KINDS
-from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
+from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
 from hourglass_jax.testing import causality_violations, random_variables
 
 # --- model tests -------------------------------------------------------------------------------------------------
@@ -90,9 +90,11 @@ BATCH = 13
 
 def describe(cfg: ModelConfig) -> str:
   if cfg.kind in MULTISCALE_KINDS:
-    return (f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.retina_windows or ''} "
-            f"{cfg.position}")
-  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample} {cfg.position}"
+    return f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.position}"
+  dynamic = f" {cfg.boundaries} {cfg.segment_pooling}" if cfg.shorten == "dynamic" else ""
+  dynamic += " sampled" if cfg.shorten == "dynamic" and cfg.gumbel_evaluation == "sample" else ""
+  dynamic += " runs" if cfg.shorten == "dynamic" and cfg.boundary_run_bytes else ""
+  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample}{dynamic} {cfg.position}"
 
 
 @functools.lru_cache(maxsize=4)  # a compiled program holds hundreds of memory maps: keep few alive
@@ -113,6 +115,23 @@ def dynamic_variables(model, tokens_BxL, seed: int = 0):
     scale = math.log2(shorten["entropy"]["head"]["bias"].unbox().shape[-1])
     shorten["entropy"]["threshold"] = jax.tree.map(lambda a: a / scale, shorten["entropy"]["threshold"])
   return variables
+
+
+def sown(model, variables, tokens, **kwargs):
+  """What the model sowed ({'losses': ..., 'metrics': ...}) for `tokens`."""
+  return jitted_apply(model)(variables, tokens, mutable=("losses", "metrics"), **kwargs)[1]
+
+
+def mixed_variables(model, length: int, **kwargs):
+  """Random variables (the first of a fixed series of draws) under which a random sequence closes some segments
+  and leaves others open: otherwise a causality check of the segments tests nothing."""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (1, length)), jnp.int32)
+  for seed in range(20):
+    variables = dynamic_variables(model, tokens, seed=seed)
+    rate = float(sown(model, variables, tokens, **kwargs)["metrics"]["body"]["shorten"]["boundary_rate"][0])
+    if 0.1 < rate < 0.9:
+      return variables
+  raise AssertionError("no draw of variables gives a mixed boundary rate")
 
 
 def centered_gumbel_levels(model, variables, tokens_BxL):
@@ -143,6 +162,163 @@ def assert_causal(cfg: ModelConfig, length: int) -> None:
   problems = causality_violations(lambda tokens: apply(variables, tokens), length, SMALL["vocab_size"],
                                   batch_size=BATCH)
   assert not problems, f"{describe(cfg)}: {problems[:3]}"
+
+
+# --- cached decoding: prefill, decode_step and K-token extensions against the forward pass (test_decode.py, the
+# predictors' conformance grid in test_predictors.py) ---------------------------------------------------------
+
+# One batch (BATCH) and one total length (= max_len) everywhere, so programs of different configs share shapes.
+LENGTH = 12
+FULL = bool(os.environ.get("HOURGLASS_FULL_DECODE_TESTS"))
+VOCAB = SMALL["vocab_size"]
+# NumPy, so that slicing it does not compile a JAX op per slice.
+TOKENS = np.random.default_rng(0).integers(0, VOCAB, size=(BATCH, LENGTH)).astype(np.int32)
+
+
+
+EXTEND_SIZES = (1, 2, 3, 5, 8)
+
+
+def extend_sizes(case: int = 0) -> tuple[int, ...]:
+  return EXTEND_SIZES if FULL else (EXTEND_SIZES[case % len(EXTEND_SIZES)],)
+
+
+def extension_schedule(num: int, start: int, seed: int = 0):
+  """What a speculative decoder feeds, row by row (int32 arrays [I, BATCH] and [I, BATCH, num]): from position
+  `start` each row feeds `num` tokens of which its first `kept` (1..num, at random) are TOKENS' own and the rest
+  other tokens (proposals a verifier rejects), then goes on from its first rejected one (rows at their own
+  positions); a row near the end goes back to LENGTH - num and feeds TOKENS' tokens again. Runs until every row has
+  fed all of TOKENS from `start`; returns (positions, tokens, kept)."""
+  rng = np.random.default_rng(seed + num)
+  position_B = np.full(BATCH, min(start, LENGTH - num))
+  covered_B = np.full(BATCH, start)  # the first position whose logits no extension has checked yet
+  positions, tokens, kept = [], [], []
+  while (covered_B < LENGTH).any():
+    kept_B = rng.integers(1, num + 1, size=BATCH)
+    tokens_BxK = rng.integers(0, VOCAB, size=(BATCH, num))
+    for b in range(BATCH):
+      real = max(kept_B[b], covered_B[b] - position_B[b])  # re-fed positions are TOKENS' own
+      kept_B[b] = real = min(real, num)
+      tokens_BxK[b, :real] = TOKENS[b, position_B[b]:position_B[b] + real]
+    positions.append(position_B.copy())
+    tokens.append(tokens_BxK)
+    kept.append(kept_B)
+    covered_B = np.maximum(covered_B, position_B + kept_B)
+    position_B = np.minimum(position_B + kept_B, LENGTH - num)
+  return np.array(positions, np.int32), np.array(tokens, np.int32), np.array(kept)
+
+
+def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
+  """Prompts to prefill besides 0 (decoding from an empty cache): alternating over cases, as each length costs a
+  compile, 5 (a multiple of no factor) or a multiple of every factor; the full run takes 1, 5, 7 and the multiple."""
+  multiple = cfg.pad_multiple * (8 // cfg.pad_multiple)
+  return (1, 5, 7, multiple) if FULL else ((5, multiple)[case % 2],)
+
+
+@functools.cache
+def model_and_params(cfg):
+  """Random variables; for learned boundary predictors the first draw under which TOKENS close some segments and
+  leave others open in evaluation, at every learned level (otherwise a dynamic case would test no segment at
+  all). Nested 'gumbel' levels are centred on TOKENS' segments (`centered_gumbel_levels`); nested levels try
+  more draws (a random router rarely cuts some of a row's few segments and not all)."""
+  model = build_model(cfg)
+  for seed in range(20 if not cfg.dynamic or cfg.parsed_hierarchy.depth == 1 else 80):
+    variables = dynamic_variables(model, jnp.zeros((1, LENGTH), jnp.int32), seed=seed)
+    if cfg.dynamic and cfg.parsed_hierarchy.depth > 1:
+      variables = centered_gumbel_levels(model, variables, jnp.asarray(TOKENS))
+    if not cfg.dynamic or all(0.1 < rate < 0.9 for predictor, rate in zip(cfg.level_predictors,
+                                                                          level_rates(model, variables))
+                              if predictor.key != "whitespace"):
+      return model, decode.unbox_params(variables)
+  raise AssertionError(f"no draw of variables gives {describe(cfg)} a mixed boundary rate")
+
+
+def level_rates(model, variables) -> list[float]:
+  """Each dynamic level's boundary rate on TOKENS in evaluation, outermost first (over the segment slots that hold
+  positions, at a nested level)."""
+  metrics, rates = jitted_apply(model)(variables, TOKENS, mutable=("metrics",))[1]["metrics"]["body"], []
+  while "shorten" in metrics:
+    rates.append(float(metrics["shorten"]["boundary_rate"][0]))
+    metrics = metrics.get("inner", {})
+  return rates
+
+
+def eval_boundaries(model, variables, tokens_BxL=TOKENS):
+  """bool [B, L]: the dynamic level's boundary decisions on `tokens_BxL` in evaluation."""
+  _, sown = jitted_apply(model)(variables, tokens_BxL, mutable=("intermediates",))
+  return np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])
+
+
+# Compiled programs stay alive while their jitted function does, and each maps hundreds of memory regions: an
+# unbounded cache over the 138 parity cases pushed an xdist worker past the kernel's 65,530 mappings (vm.max_map_count),
+# where XLA crashed. So only the newest few are kept (the persistent compilation cache makes a recompile cheap).
+LIVE_PROGRAMS = 4
+
+
+@functools.lru_cache(maxsize=LIVE_PROGRAMS)
+def reference_program(cfg, prompts: tuple[int, ...], sizes: tuple[int, ...] = ()):
+  """(full forward logits, empty cache, prefills of tokens[:, :P] for P in prompts, the logits of each
+  `extension_schedule` of `sizes` fed from the first prefill) as one compiled program: XLA's compile time dominates
+  these tests, and it grows less than the number of programs."""
+  model = build_model(cfg)
+
+  def extended(params, cache, schedule):
+    step = lambda cache, fed: decode.extend(params, cfg, cache, fed[1], fed[0])
+    return jax.lax.scan(step, cache, schedule)[1]
+
+  def run(params, tokens_BxL, schedules):
+    prefills = [decode.prefill(params, cfg, tokens_BxL[:, :length], LENGTH) for length in prompts]
+    extensions = [extended(params, prefills[0][0], schedule) for schedule in schedules]
+    return (model.apply({"params": params}, tokens_BxL), decode.init_cache(cfg, BATCH, LENGTH, params), prefills,
+            extensions)
+
+  return jax.jit(run)
+
+
+def schedules(prompts, sizes):
+  return [extension_schedule(num, prompts[0]) for num in sizes]
+
+
+def run_reference(cfg, params, prompts, sizes=()):
+  """`reference_program`'s outputs for TOKENS, with the schedules of `sizes`."""
+  return reference_program(cfg, prompts, sizes)(params, TOKENS, [s[:2] for s in schedules(prompts, sizes)])
+
+
+@functools.lru_cache(maxsize=LIVE_PROGRAMS)
+def jitted_step(cfg):
+  return jax.jit(lambda params, cache, token_B, t: decode.decode_step(params, cfg, cache, token_B, t))
+
+
+def decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len, tokens_BxL=TOKENS):
+  """Logits at positions prompt_len-1 (the prefill's, if any) .. LENGTH-1, decoding the rest of tokens_BxL."""
+  out = [] if first_logits_BxV is None else [first_logits_BxV]
+  for t in range(prompt_len, LENGTH):
+    cache, logits_BxV = jitted_step(cfg)(params, cache, tokens_BxL[:, t], t)
+    out.append(logits_BxV)
+  return np.stack([np.asarray(x) for x in out], axis=1)
+
+
+def assert_decoding_matches_forward(cfg, case: int = 0):
+  """Prefill + steps from every prompt, and every extension schedule from the first, give the forward's logits."""
+  _, params = model_and_params(cfg)
+  prompts, sizes = prompt_lengths(cfg, case), extend_sizes(case)
+  full_BxLxV, empty, prefills, extensions = run_reference(cfg, params, prompts, sizes)
+  full_BxLxV = np.asarray(full_BxLxV)
+  runs = [(0, empty, None)] + [(length, *prefilled) for length, prefilled in zip(prompts, prefills)]
+  for prompt_len, cache, first_logits_BxV in runs:
+    logits = decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len)
+    np.testing.assert_allclose(logits, full_BxLxV[:, max(prompt_len - 1, 0):], atol=1e-4, rtol=0,
+                               err_msg=f"{describe(cfg)} prompt {prompt_len}")
+  for num, (positions, _, kept), logits_IxBxKxV in zip(sizes, schedules(prompts, sizes), extensions):
+    assert_extension_matches(full_BxLxV, positions, kept, np.asarray(logits_IxBxKxV), f"{describe(cfg)} K={num}")
+
+
+def assert_extension_matches(full_BxLxV, positions_IxB, kept_IxB, logits_IxBxKxV, what: str):
+  """Each extension's logits at the tokens each row kept equal the forward pass's at those positions."""
+  for i, b in itertools.product(range(len(positions_IxB)), range(BATCH)):
+    at = positions_IxB[i, b]
+    np.testing.assert_allclose(logits_IxBxKxV[i, b, :kept_IxB[i, b]], full_BxLxV[b, at:at + kept_IxB[i, b]],
+                               atol=1e-4, rtol=0, err_msg=f"{what}, extension {i}, row {b} at {at}")
 
 
 # --- config files ------------------------------------------------------------------------------------------------

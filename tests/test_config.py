@@ -1,12 +1,18 @@
+import collections
 import dataclasses
+import importlib
+import inspect
 import pathlib
+import pkgutil
 import re
 
+import flax.linen as nn
 import ml_collections
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
+import hourglass_jax.model
 from hourglass_jax.config.base import base_config
 from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
@@ -141,3 +147,40 @@ def test_typed_sections_are_the_base_config_and_no_read_site_restates_a_default(
               for number, line in enumerate(path.read_text().splitlines(), 1)
               if pattern.search(line)]
   assert not restated, f"section keys read with a default of their own: {restated}"
+
+
+SETTINGS = {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def default(cls, name):
+  field = getattr(cls, "__dataclass_fields__", {}).get(name)
+  return vars(cls).get(name, dataclasses.MISSING) if field is None else field.default
+
+
+def declarations(classes) -> dict[str, list[str]]:
+  """The classes among `classes` that declare each ModelConfig field with a default. Not declarations: the fields of
+  a class made by `settings_class` / `module_fields` (its other defaults are its declared `settings_overrides`), and
+  a field without a default (a module's input, such as a block's parsed `scales`)."""
+  declared = collections.defaultdict(list)
+  for cls in sorted(classes, key=lambda cls: (len(cls.__mro__), cls.__qualname__)):
+    for name in SETTINGS & set(vars(cls).get("__annotations__", {})):
+      if "settings_overrides" not in vars(cls) and default(cls, name) is not dataclasses.MISSING:
+        declared[name].append(cls.__qualname__)
+  return declared
+
+
+def test_every_model_setting_is_declared_once():
+  """A setting's one declaration (name, type, default, doc) lives in the settings class of the modules that read it;
+  ModelConfig inherits it, the nn modules take it through `module_fields` with their small defaults as named
+  overrides. A second declaration fails, as a planted one shows."""
+  classes = {cls for info in pkgutil.walk_packages(hourglass_jax.model.__path__, "hourglass_jax.model.")
+             for _, cls in inspect.getmembers(importlib.import_module(info.name), inspect.isclass)}
+  declared = declarations(classes)
+  assert set(declared) == SETTINGS
+  assert {name: owners for name, owners in declared.items() if len(owners) > 1} == {}
+  assert declared["scales"] == ["MultiScaleSettings"] and declared["vocab_size"] == ["VocabSettings"]
+
+  class Planted(nn.Module):  # restates a multi-scale setting
+    scales: str = "16,4,1"
+
+  assert declarations(classes | {Planted})["scales"] == ["MultiScaleSettings", Planted.__qualname__]

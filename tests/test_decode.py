@@ -4,9 +4,7 @@ option runs once is unmarked, the rest is marked slow (`make test` and CI run it
 Each case prefills one prompt length besides 0 and extends by one K of 1, 2, 3, 5, 8 (by case);
 HOURGLASS_FULL_DECODE_TESTS=1 takes every length (1, 5, 7 and a multiple) and every K."""
 
-import functools
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -17,177 +15,17 @@ from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.filters import filter_logits, sample_logits
-from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, WHITESPACE_BYTES
-from tests.helpers import SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, option_grid, small_config
+from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
+from tests.helpers import (BATCH, LENGTH, SMALL, TOKENS, VOCAB, assert_decoding_matches_forward, describe,
+                           dynamic_variables, eval_boundaries, extend_sizes, jitted_apply, jitted_step, level_rates,
+                           model_and_params, option_grid, prompt_lengths, reference_program, run_reference, schedules,
+                           small_config)
 
 SINGLE_LEVEL = "1@1 2@3 1@1"
 MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
 TOPDOWN = dict(kind="topdown", scales="4,2,1", layers_per_scale="1,1,1")
 BOTTOMUP = dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2")
 RETINA = dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:1,1:3,3:12")
-# One batch and one total length (= max_len) everywhere, so programs of different configs share shapes.
-BATCH, LENGTH = 13, 12
-FULL = bool(os.environ.get("HOURGLASS_FULL_DECODE_TESTS"))
-VOCAB = SMALL["vocab_size"]
-# NumPy, so that slicing it does not compile a JAX op per slice.
-TOKENS = np.random.default_rng(0).integers(0, VOCAB, size=(BATCH, LENGTH)).astype(np.int32)
-
-
-
-EXTEND_SIZES = (1, 2, 3, 5, 8)
-
-
-def extend_sizes(case: int = 0) -> tuple[int, ...]:
-  return EXTEND_SIZES if FULL else (EXTEND_SIZES[case % len(EXTEND_SIZES)],)
-
-
-def extension_schedule(num: int, start: int, seed: int = 0):
-  """What a speculative decoder feeds, row by row (int32 arrays [I, BATCH] and [I, BATCH, num]): from position
-  `start` each row feeds `num` tokens of which its first `kept` (1..num, at random) are TOKENS' own and the rest
-  other tokens (proposals a verifier rejects), then goes on from its first rejected one (rows at their own
-  positions); a row near the end goes back to LENGTH - num and feeds TOKENS' tokens again. Runs until every row has
-  fed all of TOKENS from `start`; returns (positions, tokens, kept)."""
-  rng = np.random.default_rng(seed + num)
-  position_B = np.full(BATCH, min(start, LENGTH - num))
-  covered_B = np.full(BATCH, start)  # the first position whose logits no extension has checked yet
-  positions, tokens, kept = [], [], []
-  while (covered_B < LENGTH).any():
-    kept_B = rng.integers(1, num + 1, size=BATCH)
-    tokens_BxK = rng.integers(0, VOCAB, size=(BATCH, num))
-    for b in range(BATCH):
-      real = max(kept_B[b], covered_B[b] - position_B[b])  # re-fed positions are TOKENS' own
-      kept_B[b] = real = min(real, num)
-      tokens_BxK[b, :real] = TOKENS[b, position_B[b]:position_B[b] + real]
-    positions.append(position_B.copy())
-    tokens.append(tokens_BxK)
-    kept.append(kept_B)
-    covered_B = np.maximum(covered_B, position_B + kept_B)
-    position_B = np.minimum(position_B + kept_B, LENGTH - num)
-  return np.array(positions, np.int32), np.array(tokens, np.int32), np.array(kept)
-
-
-def prompt_lengths(cfg, case: int = 0) -> tuple[int, ...]:
-  """Prompts to prefill besides 0 (decoding from an empty cache): alternating over cases, as each length costs a
-  compile, 5 (a multiple of no factor) or a multiple of every factor; the full run takes 1, 5, 7 and the multiple."""
-  multiple = cfg.pad_multiple * (8 // cfg.pad_multiple)
-  return (1, 5, 7, multiple) if FULL else ((5, multiple)[case % 2],)
-
-
-@functools.cache
-def model_and_params(cfg):
-  """Random variables; for learned boundary predictors the first draw under which TOKENS close some segments and
-  leave others open in evaluation, at every learned level (otherwise a dynamic case would test no segment at
-  all). Nested 'gumbel' levels are centred on TOKENS' segments (`centered_gumbel_levels`); nested levels try
-  more draws (a random router rarely cuts some of a row's few segments and not all)."""
-  model = build_model(cfg)
-  for seed in range(20 if not cfg.dynamic or cfg.parsed_hierarchy.depth == 1 else 80):
-    variables = dynamic_variables(model, jnp.zeros((1, LENGTH), jnp.int32), seed=seed)
-    if cfg.dynamic and cfg.parsed_hierarchy.depth > 1:
-      variables = centered_gumbel_levels(model, variables, jnp.asarray(TOKENS))
-    if not cfg.dynamic or all(0.1 < rate < 0.9 for predictor, rate in zip(cfg.level_predictors,
-                                                                          level_rates(model, variables))
-                              if predictor != "whitespace"):
-      return model, decode.unbox_params(variables)
-  raise AssertionError(f"no draw of variables gives {describe(cfg)} a mixed boundary rate")
-
-
-def level_rates(model, variables) -> list[float]:
-  """Each dynamic level's boundary rate on TOKENS in evaluation, outermost first (over the segment slots that hold
-  positions, at a nested level)."""
-  metrics, rates = jitted_apply(model)(variables, TOKENS, mutable=("metrics",))[1]["metrics"]["body"], []
-  while "shorten" in metrics:
-    rates.append(float(metrics["shorten"]["boundary_rate"][0]))
-    metrics = metrics.get("inner", {})
-  return rates
-
-
-def eval_boundaries(model, variables):
-  """bool [BATCH, LENGTH]: the dynamic level's boundary decisions on TOKENS in evaluation."""
-  _, sown = jitted_apply(model)(variables, TOKENS, mutable=("intermediates",))
-  return np.asarray(sown["intermediates"]["body"]["shorten"]["boundaries"][0])
-
-
-# Compiled programs stay alive while their jitted function does, and each maps hundreds of memory regions: an
-# unbounded cache over the 138 parity cases pushed an xdist worker past the kernel's 65,530 mappings (vm.max_map_count),
-# where XLA crashed. So only the newest few are kept (the persistent compilation cache makes a recompile cheap).
-LIVE_PROGRAMS = 4
-
-
-@functools.lru_cache(maxsize=LIVE_PROGRAMS)
-def reference_program(cfg, prompts: tuple[int, ...], sizes: tuple[int, ...] = ()):
-  """(full forward logits, empty cache, prefills of tokens[:, :P] for P in prompts, the logits of each
-  `extension_schedule` of `sizes` fed from the first prefill) as one compiled program: XLA's compile time dominates
-  these tests, and it grows less than the number of programs."""
-  model = build_model(cfg)
-
-  def extended(params, cache, schedule):
-    step = lambda cache, fed: decode.extend(params, cfg, cache, fed[1], fed[0])
-    return jax.lax.scan(step, cache, schedule)[1]
-
-  def run(params, tokens_BxL, schedules):
-    prefills = [decode.prefill(params, cfg, tokens_BxL[:, :length], LENGTH) for length in prompts]
-    extensions = [extended(params, prefills[0][0], schedule) for schedule in schedules]
-    return (model.apply({"params": params}, tokens_BxL), decode.init_cache(cfg, BATCH, LENGTH, params), prefills,
-            extensions)
-
-  return jax.jit(run)
-
-
-def schedules(prompts, sizes):
-  return [extension_schedule(num, prompts[0]) for num in sizes]
-
-
-def run_reference(cfg, params, prompts, sizes=()):
-  """`reference_program`'s outputs for TOKENS, with the schedules of `sizes`."""
-  return reference_program(cfg, prompts, sizes)(params, TOKENS, [s[:2] for s in schedules(prompts, sizes)])
-
-
-@functools.lru_cache(maxsize=LIVE_PROGRAMS)
-def jitted_step(cfg):
-  return jax.jit(lambda params, cache, token_B, t: decode.decode_step(params, cfg, cache, token_B, t))
-
-
-def decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len, tokens_BxL=TOKENS):
-  """Logits at positions prompt_len-1 (the prefill's, if any) .. LENGTH-1, decoding the rest of tokens_BxL."""
-  out = [] if first_logits_BxV is None else [first_logits_BxV]
-  for t in range(prompt_len, LENGTH):
-    cache, logits_BxV = jitted_step(cfg)(params, cache, tokens_BxL[:, t], t)
-    out.append(logits_BxV)
-  return np.stack([np.asarray(x) for x in out], axis=1)
-
-
-def describe(cfg):
-  if cfg.kind in ("topdown", "bottomup", "retina"):
-    return f"{cfg.kind} {cfg.scales} {cfg.downsampler}/{cfg.upsampler} {cfg.position}"
-  dynamic = f" {cfg.boundaries} {cfg.segment_pooling}" if cfg.shorten == "dynamic" else ""
-  dynamic += " sampled" if cfg.shorten == "dynamic" and cfg.gumbel_evaluation == "sample" else ""
-  dynamic += " runs" if cfg.shorten == "dynamic" and cfg.boundary_run_bytes else ""
-  return f"{cfg.kind} {cfg.hierarchy} {cfg.shorten}/{cfg.upsample}{dynamic} {cfg.position}"
-
-
-def assert_decoding_matches_forward(cfg, case: int = 0):
-  """Prefill + steps from every prompt, and every extension schedule from the first, give the forward's logits."""
-  _, params = model_and_params(cfg)
-  prompts, sizes = prompt_lengths(cfg, case), extend_sizes(case)
-  full_BxLxV, empty, prefills, extensions = run_reference(cfg, params, prompts, sizes)
-  full_BxLxV = np.asarray(full_BxLxV)
-  runs = [(0, empty, None)] + [(length, *prefilled) for length, prefilled in zip(prompts, prefills)]
-  for prompt_len, cache, first_logits_BxV in runs:
-    logits = decoded_logits(cfg, params, cache, first_logits_BxV, prompt_len)
-    np.testing.assert_allclose(logits, full_BxLxV[:, max(prompt_len - 1, 0):], atol=1e-4, rtol=0,
-                               err_msg=f"{describe(cfg)} prompt {prompt_len}")
-  for num, (positions, _, kept), logits_IxBxKxV in zip(sizes, schedules(prompts, sizes), extensions):
-    assert_extension_matches(full_BxLxV, positions, kept, np.asarray(logits_IxBxKxV), f"{describe(cfg)} K={num}")
-
-
-def assert_extension_matches(full_BxLxV, positions_IxB, kept_IxB, logits_IxBxKxV, what: str):
-  """Each extension's logits at the tokens each row kept equal the forward pass's at those positions."""
-  for i, b in itertools.product(range(len(positions_IxB)), range(BATCH)):
-    at = positions_IxB[i, b]
-    np.testing.assert_allclose(logits_IxBxKxV[i, b, :kept_IxB[i, b]], full_BxLxV[b, at:at + kept_IxB[i, b]],
-                               atol=1e-4, rtol=0, err_msg=f"{what}, extension {i}, row {b} at {at}")
-
-
 def slow_unless(sampled: bool):
   return () if sampled else (pytest.mark.slow,)
 
@@ -222,26 +60,8 @@ def test_other_hierarchies_decoding_matches_forward(hierarchy):
 
 
 DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
-# Every pair of predictor, position scheme and pooling (`option_grid`), then two single options.
-DYNAMIC_CASES = [small_config(**DYNAMIC, boundaries=b, position=p, segment_pooling=pooling)
-                 for b, p, pooling in option_grid(BOUNDARY_PREDICTORS, ("rope", "relative"), ("mean", "linear"))] + [
-                     small_config(**DYNAMIC, boundaries="gumbel", position="relative", gumbel_evaluation="sample"),
-                     # runs of boundary bytes close one segment: TOKENS hold 10 such runs, merged across steps
-                     small_config(**DYNAMIC, boundaries="whitespace", position="relative",
-                                  boundary_run_bytes=WHITESPACE_BYTES.decode())]
-DYNAMIC_QUICK = {0, 2, 5, 7, len(DYNAMIC_CASES) - 2, len(DYNAMIC_CASES) - 1}  # each predictor, position and
-                                                                          # pooling once, the two single options
-
-
-@pytest.mark.parametrize("case", [pytest.param(i, marks=slow_unless(i in DYNAMIC_QUICK), id=describe(cfg))
-                                  for i, cfg in enumerate(DYNAMIC_CASES)])
-def test_dynamic_decoding_matches_forward(case):
-  """The rows of TOKENS close their segments at different steps, so each step runs the shortened level for some
-  rows and not others."""
-  cfg = DYNAMIC_CASES[case]
-  boundaries_BxL = eval_boundaries(*model_and_params(cfg)[:1], {"params": model_and_params(cfg)[1]})
-  assert 0 < boundaries_BxL.mean() < 1 and len({row.tobytes() for row in boundaries_BxL}) > 1
-  assert_decoding_matches_forward(cfg, case)
+# The conformance grid decodes every predictor (test_predictors.py); greedy generation runs on its 'gumbel' case.
+DYNAMIC_GEN = small_config(**DYNAMIC, boundaries="gumbel", position="relative")
 
 
 @pytest.mark.parametrize("pooling", ["mean", "linear"])
@@ -314,7 +134,7 @@ def test_nested_dynamic_decoding_matches_forward(case):
 
 
 def test_dynamic_greedy_generation_matches_repeated_full_forwards():
-  cfg = DYNAMIC_CASES[3]
+  cfg = DYNAMIC_GEN
   _, params = model_and_params(cfg)
   prompt_len = prompt_lengths(cfg, 3)[0]  # the parity test's prefill, compiled already
   cached = sampling.generate(params, cfg, TOKENS[:, :prompt_len], max_new_tokens=LENGTH - prompt_len, rng=0,

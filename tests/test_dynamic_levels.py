@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from hourglass_jax.model import ModelConfig, build_model, counting
-from hourglass_jax.model.hourglass.dynamic import segment_ids, segments_holding
-from hourglass_jax.model.hourglass.dynamic_level import max_segments
-from hourglass_jax.model.hourglass.predictors.base import binomial_prior_loss
-from hourglass_jax.model.hourglass.predictors.routing import ratio_loss
+from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
+from hourglass_jax.model.hourglass.dynamic.level import max_segments
+from hourglass_jax.model.hourglass.dynamic.predictors.base import binomial_prior_loss
+from hourglass_jax.model.hourglass.dynamic.predictors.routing import ratio_loss
 from hourglass_jax.testing import causality_violations
 from hourglass_jax.train.loop import bar_label
 from tests.helpers import (BATCH, SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, load_config,
@@ -38,7 +38,7 @@ def mixed_variables(model, cfg, length: int, **kwargs):
   for seed in range(40):
     variables = centered_gumbel_levels(model, dynamic_variables(model, tokens, seed=seed), tokens)
     rates = [level["boundary_rate"] for level in level_metrics(model, variables, tokens, **kwargs)]
-    if all(0.1 < rate < 0.9 for rate, predictor in zip(rates, cfg.level_predictors) if predictor != "whitespace"):
+    if all(0.1 < rate < 0.9 for rate, predictor in zip(rates, cfg.level_predictors) if predictor.key != "whitespace"):
       return variables
   raise AssertionError(f"no draw of variables gives {cfg.boundaries} a mixed boundary rate at every level")
 
@@ -141,7 +141,7 @@ def test_bad_nested_settings_are_named(overrides, message):
 @pytest.mark.parametrize("name, single_routing_weight", [("dynamic", 0.3), ("enwik8_dynamic", 0.03)])
 def test_two_predictors_make_a_preset_of_two_dynamic_levels(name, single_routing_weight):
   cfg = ModelConfig.from_dict(load_config(name, "whitespace,gumbel").model)
-  assert cfg.parsed_hierarchy.depth == 2 and cfg.level_predictors == ("whitespace", "gumbel")
+  assert cfg.parsed_hierarchy.depth == 2 and tuple(p.key for p in cfg.level_predictors) == ("whitespace", "gumbel")
   assert cfg.boundary_loss_weight == 1.0
   assert load_config(name, "whitespace,routing").model.boundary_loss_weight == 0.03  # routing's is the only loss
   assert load_config(name, "routing").model.boundary_loss_weight == single_routing_weight

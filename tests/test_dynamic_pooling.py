@@ -1,4 +1,4 @@
-"""Dynamic shortening ops (model/hourglass/dynamic.py): segment ids, pooling and up-sampling against a NumPy
+"""Dynamic shortening ops (model/hourglass/dynamic/segments.py): segment ids, pooling and up-sampling against a NumPy
 transcription of their definitions, the merged tail past max_segments, and causality by perturbation."""
 
 import jax
@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
-                                                   segment_boundary_probs, segment_ids, smooth_segments,
-                                                   straight_through_weights, upsample_segments, whitespace_boundaries)
-from hourglass_jax.model.hourglass.predictors.routing import ratio_loss
+from hourglass_jax.model.hourglass import whitespace_boundaries
+from hourglass_jax.model.hourglass.dynamic.segments import (completed_segments, pool_segments, positions_in_segments,
+                                                            segment_boundary_probs, segment_ids, smooth_segments,
+                                                            straight_through_weights, upsample_segments)
+from hourglass_jax.model.hourglass.dynamic.predictors.routing import ratio_loss
 
 RNG = np.random.default_rng(0)
 

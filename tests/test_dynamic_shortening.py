@@ -1,6 +1,6 @@
-"""shorten='dynamic' in the model: exact causality by perturbation for every predictor and position scheme (in
-evaluation and, for 'gumbel', with training noise), gradients reaching the learned predictor through the
-straight-through segments, the boundary prior in the train step's loss and metrics, and clear errors."""
+"""shorten='dynamic' in the model: causality past the segment capacity and of 'gumbel' sample evaluation, gradients
+reaching the learned predictor through the straight-through segments, the boundary prior in the train step's loss
+and metrics, and clear errors. Every predictor's causality, decoding, counts and presets: test_predictors.py."""
 
 import functools
 
@@ -11,52 +11,19 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding
-from hourglass_jax.model import ModelConfig, build_model, counting
-from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES, WHITESPACE_BYTES
+from hourglass_jax.model import build_model
+from hourglass_jax.model.hourglass import whitespace_boundaries
 from hourglass_jax.testing import causality_violations, random_variables
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.model.hourglass.dynamic import whitespace_boundaries
-from hourglass_jax.model.hourglass.predictors.gumbel import evaluation_noise
+from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import evaluation_noise
 from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.metrics import boundary_rates_apart
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import (BATCH, LENGTHS, SMALL, assert_causal, dynamic_variables, jitted_apply, load_config,
-                           option_grid, small_config, tiny_config)
+from tests.helpers import (BATCH, SMALL, assert_causal, jitted_apply, load_config, mixed_variables, small_config, sown,
+                           tiny_config)
 
 DYNAMIC = dict(hierarchy="1@1 2@3 1@1", shorten="dynamic", upsample="repeat")
-
-
-def sown(model, variables, tokens, **kwargs):
-  """What the model sowed ({'losses': ..., 'metrics': ...}) for `tokens`."""
-  return jitted_apply(model)(variables, tokens, mutable=("losses", "metrics"), **kwargs)[1]
-
-
-def mixed_variables(model, length: int, **kwargs):
-  """Random variables (the first of a fixed series of draws) under which a random sequence closes some segments
-  and leaves others open: otherwise a causality check of the segments tests nothing."""
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, SMALL["vocab_size"], (1, length)), jnp.int32)
-  for seed in range(20):
-    variables = dynamic_variables(model, tokens, seed=seed)
-    rate = float(sown(model, variables, tokens, **kwargs)["metrics"]["body"]["shorten"]["boundary_rate"][0])
-    if 0.1 < rate < 0.9:
-      return variables
-  raise AssertionError("no draw of variables gives a mixed boundary rate")
-
-
-# Every pair of predictor, length, position scheme and pooling (`option_grid`).
-CASES = option_grid(BOUNDARY_PREDICTORS, LENGTHS, ("rope", "relative"), ("mean", "linear"))
-QUICK = set(CASES[::2]) | {CASES[3]}  # each predictor, length, position and pooling; the rest: the full suite
-
-
-@pytest.mark.parametrize("boundaries, length, position, pooling",
-                         [case if case in QUICK else pytest.param(*case, marks=pytest.mark.slow) for case in CASES])
-def test_dynamic_shortening_is_causal(boundaries, length, position, pooling):
-  model = build_model(small_config(**DYNAMIC, boundaries=boundaries, position=position, segment_pooling=pooling))
-  variables = mixed_variables(model, length)
-  problems = causality_violations(lambda tokens: jitted_apply(model)(variables, tokens), length, SMALL["vocab_size"],
-                                  batch_size=BATCH)
-  assert not problems, problems[:3]
 
 
 def test_segments_past_the_capacity_stay_causal():
@@ -67,22 +34,6 @@ def test_segments_past_the_capacity_stay_causal():
   assert float(sown(model, random_variables(model, tokens), tokens)["metrics"]["body"]["shorten"]
                ["segment_overflow"][0]) > 0
   assert_causal(cfg, 12)
-
-
-@pytest.mark.parametrize("length", LENGTHS)
-def test_gumbel_boundaries_are_causal_with_training_noise(length):
-  """In training the relaxed Bernoulli noise decides boundaries; every row draws the same noise here, so the
-  perturbed rows compare with the first one."""
-  cfg = small_config(**DYNAMIC, boundaries="gumbel")
-  model = build_model(cfg)
-  key = jax.random.key(3)
-  variables = mixed_variables(model, length, deterministic=False, rngs={"dropout": key})
-
-  def apply_one(tokens_L):
-    return jitted_apply(model)(variables, tokens_L[None], deterministic=False, rngs={"dropout": key})[0]
-
-  problems = causality_violations(jax.vmap(apply_one), length, SMALL["vocab_size"], batch_size=BATCH)
-  assert not problems, problems[:3]
 
 
 def _rate(model, variables, tokens, **kwargs):
@@ -333,16 +284,3 @@ def test_the_presets_default_to_the_best_predictor_at_a_fixed_levels_cost():
   for cfg in (load_config("dynamic"), load_config("enwik8_dynamic"), load_config("gpu", "dynamic")):
     assert (cfg.model.boundaries, cfg.model.segment_capacity) == ("whitespace", 1.0)
   assert load_config("enwik8_dynamic", "gumbel").model.segment_capacity == 1.0
-
-
-@pytest.mark.parametrize("name, params", [("dynamic", 1.6e6), ("enwik8_dynamic", 38e6)])
-@pytest.mark.parametrize("predictor", BOUNDARY_PREDICTORS)
-def test_each_predictor_has_a_cpu_and_an_enwik8_preset(name, params, predictor):
-  cfg = ModelConfig.from_dict(load_config(name, predictor).model)
-  assert (cfg.shorten, cfg.upsample, cfg.boundaries) == ("dynamic", "repeat", predictor)
-  assert 1.0 <= counting.total_params(cfg) / params < 1.1
-  # The CPU preset trains on Python: its bytes cut it near 1/4 (test_whitespace_runs.py); enwik8 keeps the default.
-  code_bytes = (CODE_BOUNDARY_BYTES.decode(), " ") if name == "dynamic" else (WHITESPACE_BYTES.decode(), "")
-  assert (cfg.boundary_bytes, cfg.boundary_run_bytes) == code_bytes
-  with pytest.raises(ValueError, match=f"configs/{name}.py: unknown boundary predictor 'spaces'"):
-    load_config(name, "spaces")

@@ -18,7 +18,7 @@ from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.layer_config import LAYER_FIELDS
 from hourglass_jax.model.layers import dense
 from hourglass_jax.sharding import DEFAULT_RULES
-from tests.helpers import small_config
+from tests.helpers import SMALL, small_config
 
 WIDTH = 24  # no config default: every module takes the input's width
 
@@ -248,15 +248,16 @@ def test_module_keyword_arguments_are_the_block_settings_of_model_config():
 
 
 def test_dynamic_level_keyword_arguments_are_the_dynamic_settings_of_model_config():
-  """Hourglass and DynamicShorten take the dynamic level's settings from the one declaration ModelConfig inherits:
-  the same names and defaults, and the LM forwards every one of them to its body."""
-  from hourglass_jax.model.hourglass.dynamic_level import DYNAMIC_FIELDS
+  """Hourglass and DynamicShorten take the dynamic level's settings (its own and its predictors') from the one
+  declaration ModelConfig inherits: the same names and defaults, and the LM forwards every one of them to its body."""
+  from hourglass_jax.model.hourglass.dynamic.level import DYNAMIC_FIELDS
   from hourglass_jax.model.lm import build_body
   model_defaults = {name: getattr(ModelConfig(), name) for name in DYNAMIC_FIELDS}
   for module in (hnn.Hourglass, hnn.DynamicShorten):
     assert {f.name: f.default for f in dataclasses.fields(module) if f.name in DYNAMIC_FIELDS} == model_defaults
   changed = dict(boundaries="whitespace", segment_capacity=1.0, segment_pooling="linear", gumbel_temperature=0.7,
-                 gumbel_evaluation="sample", boundary_loss_weight=0.3)
+                 gumbel_evaluation="sample", boundary_loss_weight=0.3, boundary_bytes=" .", boundary_run_bytes=" ",
+                 vocab_size=SMALL["vocab_size"])
   assert set(changed) == set(DYNAMIC_FIELDS)
   body = build_body(small_config(hierarchy="1@1 1@2 1@1", shorten="dynamic", upsample="repeat", **changed))
   assert {name: getattr(body, name) for name in DYNAMIC_FIELDS} == changed

@@ -17,11 +17,11 @@ from hourglass_jax.model.decode import drafts, sampling
 from hourglass_jax.model.decode.drafts.ngram import continuation
 from hourglass_jax.model.decode.filters import filter_logits
 from tests.helpers import small_config
-from tests.test_decode import (BOTTOMUP, DYNAMIC_CASES, GEN_CFG, LENGTH, MULTI_LEVEL, NESTED_CASES, RETINA, TOKENS,
+from tests.test_decode import (BOTTOMUP, DYNAMIC_GEN, GEN_CFG, LENGTH, MULTI_LEVEL, NESTED_CASES, RETINA, TOKENS,
                                TOPDOWN, VOCAB, model_and_params, multiscale_config)
 
 VANILLA = small_config(kind="vanilla", hierarchy="2@1")
-KINDS = {"hourglass": GEN_CFG, "dynamic": DYNAMIC_CASES[3], "nested dynamic": NESTED_CASES[1],
+KINDS = {"hourglass": GEN_CFG, "dynamic": DYNAMIC_GEN, "nested dynamic": NESTED_CASES[1],
          "topdown": multiscale_config(TOPDOWN), "bottomup": multiscale_config(BOTTOMUP),
          "retina": multiscale_config(RETINA), "vanilla": VANILLA}
 PROMPT = 4  # test_decode's greedy generation shapes: TOKENS[:, :4], LENGTH - 4 new tokens

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from hourglass_jax.model import build_model
-from hourglass_jax.model.hourglass.predictors import resolve
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.weights import load_params
 
@@ -85,13 +84,12 @@ def show(weights, text: bytes, gumbel_evaluation: str | None = None, workdir=Non
   cfg, levels = model.cfg, level_boundaries(model, params, text)
   lines = [marked(text, sum(closes.astype(int) for closes, _ in levels))]
   for level, ((_, cuts), predictor) in enumerate(zip(levels, cfg.level_predictors)):
-    evaluation = (f", evaluation '{cfg.gumbel_evaluation}'" if "gumbel_evaluation" in resolve(predictor)[0].settings()
-                  else "")
     unit = "bytes" if level == 0 else f"level-{level} segments"
     prefix = "" if len(levels) == 1 else f"level {level + 1} ({'|' * (level + 1)}): "
     lines.append(f"{prefix}{int(cuts.sum())} boundaries in {len(cuts)} {unit}: one per "
                  f"{len(cuts) / max(int(cuts.sum()), 1):.2f} {unit.split()[-1]} (target "
-                 f"{cfg.parsed_hierarchy.relative_factor(level)}, predictor '{predictor}'{evaluation})")
+                 f"{cfg.parsed_hierarchy.relative_factor(level)}, predictor '{predictor.key}'"
+                 f"{predictor.describe(cfg)})")
   return "\n".join(lines), levels[0][0]
 
 

@@ -4,7 +4,6 @@ from typing import Any, Mapping
 
 import flax.linen as nn
 
-from hourglass_jax import memory_maps
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.lm import HourglassLM
@@ -17,7 +16,6 @@ def build_model(model_cfg: Mapping[str, Any] | ModelConfig) -> nn.Module:
   One module for every kind: `HourglassLM` picks its body (Hourglass, top-down, bottom-up, retina) from `kind`.
   """
   cfg = model_cfg if isinstance(model_cfg, ModelConfig) else ModelConfig.from_dict(model_cfg)
-  memory_maps.warn_if_low()  # a notebook or sweep that builds many models: once per process, with the fix
   return HourglassLM(cfg)
 
 

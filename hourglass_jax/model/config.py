@@ -3,19 +3,18 @@
 import dataclasses
 from typing import Any, Mapping
 
+from hourglass_jax.model.hourglass.body import HourglassSettings
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIND, LAYER_FIELDS, POSITIONS,
-                                              REMAT_POLICIES, BlockSettings, LayerConfig, check_choice, check_int,
-                                              check_layer_settings, check_types, setting)
-from hourglass_jax.model.hourglass.dynamic import WHITESPACE_BYTES
-from hourglass_jax.model.hourglass.dynamic_level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings,
-                                                        check_dynamic_settings, level_predictors)
+                                              REMAT_POLICIES, BlockSettings, LayerConfig, VocabSettings, check_choice,
+                                              check_int, check_layer_settings, check_types, setting)
+from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings, BoundaryPredictor,
+                                                         check_dynamic_settings, level_predictors)
 from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
-from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
+from hourglass_jax.model.multiscale.scales import MULTISCALE_KINDS, MultiScale, MultiScaleSettings, parse_multiscale
 
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
-MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
 MAX_VOCAB_SIZE = 2**31 - 1  # token ids are int32
 SHORTEN = SHORTEN_METHODS  # fixed-factor methods; shorten may also be 'dynamic' (learned or given boundaries)
 UPSAMPLE = UPSAMPLE_METHODS
@@ -24,34 +23,19 @@ __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLI
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(DynamicSettings, BlockSettings):
+class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabSettings, BlockSettings):
   """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
 
-  The block settings (d_model, num_heads, d_ff, dropout, dtype, attention_impl, position, ...) and their defaults
-  are `BlockSettings`' (layer_config.py). hourglass and vanilla take their depth from `hierarchy`; retina (one stack)
-  from a single-level `hierarchy` such as '12@1'; topdown and bottomup from `layers_per_scale`. See
-  multiscale/scales.py for the multi-scale notation.
-
-  The defaults describe the papers' models: the enwik8 Hourglass ('5@1 24@3 5@1', configs/enwik8.py) and the
-  four-scale multi-scale models ('64,16,4,1'). The `hourglass_jax.nn` modules default to small bodies to build on
-  ('2@1 4@3 2@1' as configs/default.py, '16,4,1'), and take d_model and d_ff from their input.
+  Every field but `kind` is declared once in the settings class of the modules that read it: the block settings
+  (d_model, num_heads, ..., `BlockSettings`, layer_config.py), `vocab_size` (`VocabSettings`), the Hourglass body's
+  (`HourglassSettings`, hourglass/body.py), the multi-scale fields (`MultiScaleSettings`, multiscale/scales.py)
+  and, for shorten='dynamic', the dynamic level's and its predictors' (`DynamicSettings`, hourglass/dynamic/).
+  hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
+  as '12@1'; topdown and bottomup from `layers_per_scale`. The defaults describe the papers' models (configs/enwik8.py,
+  '64,16,4,1'); the `hourglass_jax.nn` modules override some with small bodies to build on ('2@1 4@3 2@1', '16,4,1')
+  and take d_model and d_ff from their input.
   """
-  kind: str = setting("hourglass", function_of=KINDS)
-  vocab_size: int = 256
-  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
-  shorten: str = setting("attention_avg", function_of=("hourglass",))
-  upsample: str = setting("attention_repeat", function_of=("hourglass",))
-  # shorten='dynamic': the level's settings are `DynamicSettings`' (dynamic_level.py); 'whitespace' closes a
-  # segment after each byte in `boundary_bytes`, but a run of `boundary_run_bytes` closes one, after its first byte
-  # (' ': an indentation stays in one segment).
-  boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
-  boundary_run_bytes: str = setting("", function_of=(DYNAMIC,))
-  scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)
-  layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))
-  heads_per_scale: str = setting("", function_of=("bottomup", "retina"))
-  downsampler: str = setting("avg", function_of=MULTISCALE_KINDS)
-  upsampler: str = setting("transposed_conv", function_of=("topdown",))
-  retina_windows: str = setting("", function_of=("retina",))
+  kind: str = setting("hourglass", function_of=KINDS)  # KINDS: the body
 
   def __post_init__(self):
     check_types(self, "model.")
@@ -74,19 +58,10 @@ class ModelConfig(DynamicSettings, BlockSettings):
                        "e.g. '2@1 4@3 2@1'.")
     if self.kind in MULTISCALE_KINDS:
       _ = self.parsed_scales  # raises on malformed multi-scale fields
-    if not self.dynamic:
-      _check_no_dynamic_settings(self)
     if self.dynamic:
-      check_dynamic_settings(self, "model.")
-      _ = self.level_predictors  # raises unless every shortened level can be dynamic with its predictor
-      if not self.boundary_bytes or any(ord(c) > 255 for c in self.boundary_bytes):
-        raise ValueError(f"model.boundary_bytes={self.boundary_bytes!r} must be a non-empty string of byte values "
-                         "(characters 0-255), e.g. ' \\n.,'.")
-      strays = sorted(set(self.boundary_run_bytes) - set(self.boundary_bytes))
-      if strays:
-        raise ValueError(f"model.boundary_run_bytes={self.boundary_run_bytes!r} has {''.join(strays)!r}, not in "
-                         "model.boundary_bytes: a run byte only merges boundaries that its byte makes. Add it to "
-                         "boundary_bytes, or drop it.")
+      check_dynamic_settings(self, "model.")  # with every level's predictor (`level_predictors`)
+    else:
+      _check_no_dynamic_settings(self)
 
   @property
   def dynamic(self) -> bool:
@@ -94,8 +69,8 @@ class ModelConfig(DynamicSettings, BlockSettings):
     return self.kind == "hourglass" and self.shorten == DYNAMIC
 
   @property
-  def level_predictors(self) -> tuple[str, ...]:
-    """The boundary predictor of each shortened level, outermost first (dynamic models only)."""
+  def level_predictors(self) -> tuple[type[BoundaryPredictor], ...]:
+    """The boundary predictor of each shortened level, outermost first, resolved (dynamic models only)."""
     return level_predictors(self.parsed_hierarchy, self.upsample, self.boundaries)
 
   @property
@@ -136,8 +111,8 @@ class ModelConfig(DynamicSettings, BlockSettings):
     return cls(**values)
 
 
-# Read only by a dynamic level: set on another model, they would be ignored without a word.
-DYNAMIC_ONLY_FIELDS = DYNAMIC_FIELDS + ("boundary_bytes", "boundary_run_bytes")
+# Read only by a dynamic level (not vocab_size, 'entropy' reads the model's): elsewhere they would be ignored unsaid.
+DYNAMIC_ONLY_FIELDS = tuple(name for name in DYNAMIC_FIELDS if name not in VocabSettings.__dataclass_fields__)
 
 
 def without_dynamic_settings(fields: dict) -> dict:
@@ -147,9 +122,8 @@ def without_dynamic_settings(fields: dict) -> dict:
 
 
 def _check_no_dynamic_settings(cfg: ModelConfig) -> None:
-  defaults = ModelConfig.__dataclass_fields__
-  changed = [f"model.{name}={getattr(cfg, name)!r}" for name in DYNAMIC_ONLY_FIELDS
-             if getattr(cfg, name) != defaults[name].default]
+  changed = [f"model.{name}={getattr(cfg, name)!r}" for name, default in without_dynamic_settings({}).items()
+             if getattr(cfg, name) != default]
   if changed:
     owner = f"kind={cfg.kind!r}" if cfg.kind != "hourglass" else f"shorten={cfg.shorten!r}"
     raise ValueError(f"{', '.join(changed)} only apply to learned shortening (shorten='dynamic'), but this model has "

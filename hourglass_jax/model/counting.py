@@ -8,8 +8,7 @@ Parts are named `stage@factor`, the factor being the total shortening (multi-sca
 import dataclasses
 
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.hourglass.dynamic_level import max_segments
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic.level import max_segments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +52,7 @@ def _shorten(cfg: ModelConfig, k: int, length: int, level: int = 0) -> tuple[int
   d, short = cfg.d_model, length // k
   params, flops = 0, 0
   if cfg.shorten == "dynamic":  # mean pooling, and what the level's predictor adds
-    params, flops = resolve(cfg.level_predictors[level])[0].cost(cfg, length)
+    params, flops = cfg.level_predictors[level].cost(cfg, length)
     if cfg.segment_pooling == "linear":  # k matrices; each position is projected by all k, then one is kept
       params, flops = params + k * d * d + d, flops + 2 * length * k * d * d
     return params, flops

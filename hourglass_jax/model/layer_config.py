@@ -103,16 +103,16 @@ def setting(default, *, function_of=(), set_by: str | None = None):
 class BlockSettings:
   """The block settings, declared once with the defaults of `ModelConfig` (which inherits them, as `LayerConfig`
   does); the modules of `hourglass_jax.nn` take them as keyword arguments (`LayerOptions`)."""
-  d_model: int = 512
-  num_heads: int = 8
-  d_ff: int = 2048
-  dropout: float = 0.0
+  d_model: int = 512  # the width of the residual stream
+  num_heads: int = 8  # attention heads, d_model / num_heads wide each
+  d_ff: int = 2048  # the feed-forward's hidden width
+  dropout: float = 0.0  # on the residual branches and the embedding, in training
   attention_dropout: float | None = None  # attention-probability dropout; None = dropout (as the paper)
-  dtype: str = "float32"
-  attention_impl: str = "auto"
-  position: str = setting("rope", function_of=EVERY_KIND)
-  rope_base: float = setting(10_000.0, function_of=EVERY_KIND)
-  layer_norm_eps: float = setting(1e-6, function_of=EVERY_KIND)
+  dtype: str = "float32"  # DTYPES: the compute dtype (parameters stay float32)
+  attention_impl: str = "auto"  # ATTENTION_IMPLS: the attention kernel (ops/attention.py)
+  position: str = setting("rope", function_of=EVERY_KIND)  # POSITIONS: rotary, or Transformer-XL relative biases
+  rope_base: float = setting(10_000.0, function_of=EVERY_KIND)  # the rotary frequencies' base
+  layer_norm_eps: float = setting(1e-6, function_of=EVERY_KIND)  # added to the variance in every LayerNorm
   # Execution only (same function, same params): activation rematerialisation inside each scanned block, and how
   # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled). In a config file
   # the train section sets remat_policy (train.remat / train.remat_policy).
@@ -140,7 +140,6 @@ LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(BlockSettings))
 class LayerConfig(BlockSettings):
   """What a block reads: the model width, heads, feed-forward width, dropout, dtype, attention kernel, positions,
   and how its stack executes (remat policy, scan unroll). Validated when built."""
-  d_model: int  # no default: built for the width of the stream its blocks read
 
   def __post_init__(self):
     check_types(self, "")
@@ -151,14 +150,28 @@ class LayerConfig(BlockSettings):
     return {name: getattr(self, name) for name in LAYER_FIELDS}
 
 
-def module_fields(settings: type, **defaults) -> type:
-  """The fields of the dataclass `settings` as a keyword-only dataclass a Linen module can inherit (Linen modules
-  cannot inherit a frozen one; nn.Module's repr and each module's eq stay); `defaults` replaces some defaults, which
-  makes those fields optional."""
-  fields = [(f.name, f.type | None if f.name in defaults and defaults[f.name] is None else f.type,
-             dataclasses.field(default=defaults.get(f.name, f.default), kw_only=True))
-            for f in dataclasses.fields(settings)]
-  return dataclasses.make_dataclass(f"{settings.__name__}Fields", fields, repr=False, eq=False)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VocabSettings:
+  """The token vocabulary: the LM's embedding and head read it, and a predictor that predicts tokens ('entropy')."""
+  vocab_size: int = setting(256)  # token ids 0..vocab_size-1 (256: bytes)
+
+
+def settings_class(name: str, fields, frozen: bool = False, **defaults) -> type:
+  """A keyword-only dataclass of `fields` (other classes' declarations: names, types, defaults, metadata); `defaults`
+  replaces some defaults, which it records as its `settings_overrides` (None makes the field optional)."""
+  made = dataclasses.make_dataclass(name, [
+      (f.name, f.type | None if f.name in defaults and defaults[f.name] is None else f.type,
+       dataclasses.field(default=defaults.get(f.name, f.default), metadata=f.metadata, kw_only=True))
+      for f in fields], frozen=frozen, repr=False, eq=False)
+  made.settings_overrides = defaults
+  return made
+
+
+def module_fields(settings: type, *names: str, **defaults) -> type:
+  """The fields of the dataclass `settings` (those of `names`, when given) for a Linen module to inherit (it cannot
+  inherit a frozen dataclass), `defaults` its overrides."""
+  fields = dataclasses.fields(settings)
+  return settings_class(f"{settings.__name__}Fields", [f for f in fields if f.name in names or not names], **defaults)
 
 
 class LayerOptions(module_fields(BlockSettings, d_model=None, d_ff=None), nn.Module):

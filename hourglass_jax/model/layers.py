@@ -17,6 +17,7 @@ from hourglass_jax.ops.attention import dot_product_attention
 from hourglass_jax.ops.block_attention import relative_bias
 from hourglass_jax.ops.dropout import Dropout
 from hourglass_jax.ops.weight_gradient import dense_dot_general
+from hourglass_jax.sharding import LAYERS_AXIS
 
 
 def dense(cfg: LayerConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):
@@ -183,7 +184,6 @@ class DecoderBlock(nn.Module):
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kv
 
 
-LAYERS_AXIS = "layers"  # logical name of the leading axis of scanned (stacked) block parameters
 _REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
                    "dots_saveable": jax.checkpoint_policies.dots_saveable}
 

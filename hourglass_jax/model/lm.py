@@ -1,13 +1,13 @@
 """Language-model wrapper: token embedding -> body -> untied output head; pads any length internally."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax.numpy as jnp
 
 from hourglass_jax.model.checks import check_tokens, nan_rows_with_bad_ids
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic_level import dynamic_options
-from hourglass_jax.model.hourglass.predictors import resolve
 from hourglass_jax.model.layer_config import check_dtype_runs_here
 from hourglass_jax.model.layers import dense
 from hourglass_jax.model.multiscale.topdown_bottomup import BottomUp, TopDown
@@ -15,20 +15,16 @@ from hourglass_jax.model.multiscale.retina import Retina, check_windows_fit
 from hourglass_jax.ops.dropout import Dropout
 
 
+BODIES = {"hourglass": Hourglass, "vanilla": Hourglass, "topdown": TopDown, "bottomup": BottomUp, "retina": Retina}
+
+
 def build_body(cfg: ModelConfig, name: str = "body"):
-  """The reusable body module of `cfg.kind`, from the config's fields as plain keyword arguments."""
-  options = cfg.layer_config.options()
-  if cfg.kind in ("hourglass", "vanilla"):
-    return Hourglass(hierarchy=cfg.hierarchy, shorten=cfg.shorten, upsample=cfg.upsample,
-                     boundary_vocab=cfg.vocab_size, **dynamic_options(cfg), **options, name=name)
-  if cfg.kind == "topdown":
-    return TopDown(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, downsampler=cfg.downsampler,
-                   upsampler=cfg.upsampler, **options, name=name)
-  if cfg.kind == "bottomup":
-    return BottomUp(scales=cfg.scales, layers_per_scale=cfg.layers_per_scale, heads_per_scale=cfg.heads_per_scale,
-                    downsampler=cfg.downsampler, **options, name=name)
-  return Retina(num_layers=cfg.parsed_hierarchy.levels[0][0], scales=cfg.scales, retina_windows=cfg.retina_windows,
-                heads_per_scale=cfg.heads_per_scale, downsampler=cfg.downsampler, **options, name=name)
+  """The reusable body module of `cfg.kind`, each setting it declares from the config; retina's depth its level's."""
+  body, known = BODIES[cfg.kind], ModelConfig.__dataclass_fields__
+  settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(body) if f.name in known}
+  if body is Retina:
+    settings["num_layers"] = cfg.parsed_hierarchy.levels[0][0]
+  return body(**settings, name=name)
 
 
 class HourglassLM(nn.Module):
@@ -73,4 +69,4 @@ class HourglassLM(nn.Module):
     keywords (`targets`: a whole sequence, not decoding)."""
     if not self.cfg.dynamic:
       return {}
-    return resolve(self.cfg.level_predictors[0])[0].from_tokens(self.cfg, tokens_BxL, targets)
+    return self.cfg.level_predictors[0].from_tokens(self.cfg, tokens_BxL, targets)

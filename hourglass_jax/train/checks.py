@@ -8,7 +8,7 @@ import ml_collections
 
 from hourglass_jax.config.base import base_config
 from hourglass_jax.data.sources import check_data_config
-from hourglass_jax.model.hourglass.dynamic_level import check_segments_in_window
+from hourglass_jax.model.hourglass.dynamic.level import check_segments_in_window
 
 SCHEDULES = ("cosine", "rsqrt", "constant")
 

@@ -1,12 +1,11 @@
-"""The Hourglass model: the level notation (hierarchy.py), causal shortening and up-sampling (resampling.py), learned
-shortening (dynamic.py: segment ops; predictors/: the boundary predictors; dynamic_level.py: the modules) and the
-recursive body (body.py, with its fixed_body.py and dynamic_body.py levels)."""
+"""The Hourglass model: the level notation (hierarchy.py), causal resampling (resampling.py), learned shortening
+(dynamic/) and the recursive body (body.py, with its fixed_body.py and dynamic/body.py levels)."""
 
 from hourglass_jax.model.hourglass.body import Hourglass
-from hourglass_jax.model.hourglass.dynamic import (CODE_BOUNDARY_BYTES, WHITESPACE_BYTES, byte_mask,
-                                                   whitespace_boundaries)
-from hourglass_jax.model.hourglass.dynamic_level import DynamicShorten, DynamicUpsample, Segments, max_segments
-from hourglass_jax.model.hourglass.predictors import BOUNDARY_PREDICTORS
+from hourglass_jax.model.hourglass.dynamic.level import DynamicShorten, DynamicUpsample, Segments, max_segments
+from hourglass_jax.model.hourglass.dynamic.predictors import BOUNDARY_PREDICTORS
+from hourglass_jax.model.hourglass.dynamic.predictors.whitespace import (CODE_BOUNDARY_BYTES, WHITESPACE_BYTES,
+                                                                         byte_mask, whitespace_boundaries)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.hourglass.resampling import (SHORTEN_METHODS, UPSAMPLE_METHODS, Shorten, Upsample,
                                                       shift_right)

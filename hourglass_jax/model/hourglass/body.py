@@ -1,10 +1,13 @@
 """The Hourglass body: pre layers -> shorten (shift included) -> inner body -> upsample -> post layers, recursively.
-Each shortened level is fixed (fixed_body.py) or dynamic (dynamic_body.py), with its forward pass and its cached
-decoding; the body checks its input, builds the levels' modules and recurses.
+Each shortened level is fixed (fixed_body.py) or dynamic (dynamic/body.py), with its forward pass and its cached
+decoding; the body checks its input and builds each level's modules (`stack`, `shortening`, `inner_level`,
+`upsampling`: the interface both levels use).
 
 The same module decodes with a cache (`cache`, `position`): a level's cache holds the K/V of its stacks ('pre',
 'post', or 'layers' at the center), its level's own entries and the next level's cache ('inner').
 """
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -13,17 +16,26 @@ import numpy as np
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.checks import is_checkable
-from hourglass_jax.model.hourglass import dynamic_body, fixed_body
-from hourglass_jax.model.hourglass.dynamic_level import (DynamicSettings, DynamicShorten, dynamic_options,
-                                                         level_predictors)
+from hourglass_jax.model.hourglass import fixed_body
+from hourglass_jax.model.hourglass.dynamic import body as dynamic_body
+from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DynamicSettings, DynamicShorten, DynamicUpsample,
+                                                         BoundaryPredictor, dynamic_options, level_predictors)
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields, setting
 from hourglass_jax.model.layers import DecoderStack
 from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HourglassSettings:
+  """The Hourglass body's settings (the paper's enwik8 model): `ModelConfig` inherits them, `Hourglass` takes them."""
+  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
+  shorten: str = setting("attention_avg", function_of=("hourglass",))  # SHORTEN_METHODS, or 'dynamic' (learned)
+  upsample: str = setting("attention_repeat", function_of=("hourglass",))  # UPSAMPLE_METHODS
+
+
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,
-                        padded: int, segment_capacity: float = 1.5, predictors: tuple[str, ...] = ()) -> dict:
+                        padded: int, segment_capacity: float = 1.5, predictors: tuple = ()) -> dict:
   """Empty cache of an Hourglass body for `batch` sequences of `padded` (a multiple of the total
   factor) entries of its input stream; `predictors`: the dynamic levels', outermost first."""
   num_pre = hierarchy.levels[0][0]
@@ -31,7 +43,7 @@ def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, up
     return {"layers": kv_cache.new_stack(cfg, batch, num_pre, padded)}
   cache = {"pre": kv_cache.new_stack(cfg, batch, num_pre, padded),
            "post": kv_cache.new_stack(cfg, batch, hierarchy.post_layers[0], padded)}
-  if shorten == "dynamic":
+  if shorten == DYNAMIC:
     entries, inner = dynamic_body.level_cache(cfg, hierarchy, batch, padded, segment_capacity, predictors[0])
   else:
     entries, inner = fixed_body.level_cache(cfg, hierarchy, shorten, upsample, batch, padded)
@@ -68,7 +80,9 @@ def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> 
   return size
 
 
-class Hourglass(module_fields(DynamicSettings), LayerOptions):
+# A small body to build on (configs/default.py's); ModelConfig's default is the paper's enwik8 model, '5@1 24@3 5@1'.
+class Hourglass(module_fields(HourglassSettings, hierarchy="2@1 4@3 2@1"), module_fields(DynamicSettings),
+                LayerOptions):
   """x [B, L, D] -> y [B, L, D], causal: y[:, t] depends only on x[:, :t+1]. Any L (padded at the end inside).
 
   `hierarchy` is the level notation ('2@1 4@3 2@1': 2 layers at full resolution, 4 at 1/3, 2 back at full; a
@@ -81,23 +95,17 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
   it; returns (y, cache). The cache is indexed by position: feeding rows from an earlier entry again (the rows a
   speculative decoder rejected, replaced) overwrites what followed it.
 
-  shorten='dynamic' passes `inputs` to the outermost level's predictor: boundaries='whitespace' takes
-  `boundaries_BxL` (`whitespace_boundaries(tokens)`), and for run bytes whose runs close one segment `runs_BxL`
-  (`byte_mask(tokens, run_bytes)`) beside `byte_mask(tokens, boundary_bytes)` as the boundaries: cached decoding
-  needs both to merge runs across steps.
+  shorten='dynamic' takes `DynamicSettings` (the level's and its predictors') and passes `inputs` to the outermost
+  level's predictor: 'whitespace' takes `boundaries_BxL` (`whitespace_boundaries(tokens)`, or with run bytes
+  `byte_mask(tokens, boundary_bytes)` and `runs_BxL`, `byte_mask(tokens, run_bytes)`, to merge runs in decoding).
   """
-  # A small body to build on (configs/default.py's); ModelConfig's default is the paper's enwik8 model, '5@1 24@3 5@1'.
-  hierarchy: str = "2@1 4@3 2@1"
-  shorten: str = "attention_avg"
-  upsample: str = "attention_repeat"
   outer_factor: int = 1
-  boundary_vocab: int = 256  # shorten='dynamic': the tokens a predictor that predicts them reads ('entropy')
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the total factor) positions of
     width `d_model`."""
     hierarchy = parse_hierarchy(self.hierarchy)
-    predictors = self._predictors(hierarchy) if self.shorten == "dynamic" and hierarchy.depth else ()
+    predictors = self.predictors(hierarchy) if self.shorten == DYNAMIC and hierarchy.depth else ()
     self.check_cache_length(length, hierarchy.total_factor)
     return new_hourglass_cache(self.layer_config(d_model), hierarchy, self.shorten, self.upsample, batch, length,
                                self.segment_capacity, predictors)
@@ -109,13 +117,13 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     start = 0 if position is None else position
     if not hierarchy.depth:  # the center: a plain stack
-      layers = self._stack(hierarchy.levels[0][0], "layers", options)
+      layers = self.stack(hierarchy.levels[0][0], "layers", options)
       if cache is None:
         return layers(x_BxLxD, deterministic)
       y_BxLxD, layers_cache = layers(x_BxLxD, True, cache["layers"], start + jnp.arange(x_BxLxD.shape[1]))
       cache = dict(cache, layers=layers_cache)
     else:
-      level = dynamic_body if self.shorten == "dynamic" else fixed_body
+      level = dynamic_body if self.shorten == DYNAMIC else fixed_body
       if cache is None:
         return level.forward(self, hierarchy, options, x_BxLxD, deterministic, lengths_B, **inputs)
       y_BxLxD, cache = level.decode(self, hierarchy, options, x_BxLxD, cache, start, **inputs)
@@ -123,31 +131,33 @@ class Hourglass(module_fields(DynamicSettings), LayerOptions):
       y_BxLxD = jnp.where((start < 0) | (start + x_BxLxD.shape[1] > size), jnp.nan, y_BxLxD)
     return y_BxLxD, cache
 
-  def _predictors(self, hierarchy) -> tuple[str, ...]:
-    """The dynamic levels' predictors, this level's first."""
+  def predictors(self, hierarchy) -> tuple[type[BoundaryPredictor], ...]:
+    """The dynamic levels' predictors, this level's first: resolved once, then handed to the level and inward."""
     return level_predictors(hierarchy, self.upsample, self.boundaries, "Hourglass.")
 
-  def _dynamic_shorten(self, hierarchy, options):
-    return DynamicShorten(factor=hierarchy.relative_factor(0), vocab_size=self.boundary_vocab,
-                          **dict(dynamic_options(self), boundaries=self._predictors(hierarchy)[0]), **options,
-                          name="shorten")
-
-  def _stack(self, num_layers: int, name: str, options):
+  def stack(self, num_layers: int, name: str, options):
     return DecoderStack(num_layers=num_layers, factor=self.outer_factor, **options, name=name)
 
-  def _shorten(self, hierarchy, options):
+  def shortening(self, hierarchy, options):
+    """The level's shortening: `Shorten`, or with shorten='dynamic' `DynamicShorten` with its predictor."""
+    if self.shorten == DYNAMIC:
+      return DynamicShorten(factor=hierarchy.relative_factor(0), **dict(
+          dynamic_options(self), boundaries=self.predictors(hierarchy)[0]), **options, name="shorten")
     return Shorten(factor=hierarchy.relative_factor(0), method=self.shorten, outer_factor=self.outer_factor,
                    **options, name="shorten")
 
-  def _inner(self, hierarchy, options):
-    dynamic = {}
-    if self.shorten == "dynamic" and hierarchy.depth > 1:  # the next levels' predictors and settings
-      dynamic = dict(dynamic_options(self), boundaries=",".join(self._predictors(hierarchy)[1:]),
-                     boundary_vocab=self.boundary_vocab)
+  def inner_level(self, hierarchy, options):
+    """The next level in: an Hourglass over the shortened stream (with shorten='dynamic' the next predictors)."""
+    dynamic = dynamic_options(self)
+    if self.shorten == DYNAMIC and hierarchy.depth > 1:
+      dynamic["boundaries"] = self.predictors(hierarchy)[1:]
     return Hourglass(hierarchy=str(hierarchy.inner()), shorten=self.shorten, upsample=self.upsample,
                      outer_factor=self.outer_factor * hierarchy.relative_factor(0), **dynamic, **options,
                      name="inner")
 
-  def _upsample(self, hierarchy, options):
+  def upsampling(self, hierarchy, options):
+    """The level's up-sampling: `Upsample`, or with shorten='dynamic' `DynamicUpsample`."""
+    if self.shorten == DYNAMIC:
+      return DynamicUpsample(**options, name="upsample")
     return Upsample(factor=hierarchy.relative_factor(0), method=self.upsample, outer_factor=self.outer_factor,
                     **options, name="upsample")

@@ -1,5 +1,5 @@
 """A fixed Hourglass level of the body (shorten by a factor k): its forward pass, its cached decoding and its cache
-entries. `body` is the Hourglass module whose level this is: it builds the stacks, resampling and inner level.
+entries. `body` is the Hourglass module whose level this is: it builds the level's modules (`stack`, ...).
 
 In decoding, shortened token j becomes computable at stream entry jk, so the shortening and the inner level run
 only for the tokens the new rows complete (under `nn.cond` when there may be none): fed one token at a time, a
@@ -32,11 +32,11 @@ def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **
   """pre stack -> shift and shorten -> inner level -> upsample (+ x) -> post stack, padded to the total factor."""
   length = x_BxLxD.shape[1]
   x_BxPxD = pad_to(x_BxLxD, hierarchy.total_factor)
-  x_BxPxD = body._stack(hierarchy.levels[0][0], "pre", options)(x_BxPxD, deterministic)
-  z_BxQxD = body._shorten(hierarchy, options)(x_BxPxD, deterministic)
-  z_BxQxD = body._inner(hierarchy, options)(z_BxQxD, deterministic)
-  y_BxPxD = body._upsample(hierarchy, options)(z_BxQxD, x_BxPxD, deterministic)
-  y_BxPxD = body._stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
+  x_BxPxD = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxPxD, deterministic)
+  z_BxQxD = body.shortening(hierarchy, options)(x_BxPxD, deterministic)
+  z_BxQxD = body.inner_level(hierarchy, options)(z_BxQxD, deterministic)
+  y_BxPxD = body.upsampling(hierarchy, options)(z_BxQxD, x_BxPxD, deterministic)
+  y_BxPxD = body.stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
   return y_BxPxD[:, :length]
 
 
@@ -46,7 +46,7 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **in
   length = x_BxTxD.shape[1]
   index_T = start + jnp.arange(length)
   cache = dict(cache)
-  x_BxTxD, cache["pre"] = body._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
+  x_BxTxD, cache["pre"] = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
   y_BxTxD = x_BxTxD
   if body.upsample != "none":
     k, size = hierarchy.relative_factor(0), cache["z"].shape[1]
@@ -55,8 +55,8 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **in
 
     def advance(module, sub, window_BxWxD, first):
       """Shortened tokens first.. through the inner level, their outputs written to 'z'."""
-      z_BxNxD, short = module._shorten(hierarchy, options)(window_BxWxD, True, sub.get("short"), first)
-      z_BxNxD, inner = module._inner(hierarchy, options)(z_BxNxD, True, sub["inner"], first)
+      z_BxNxD, short = module.shortening(hierarchy, options)(window_BxWxD, True, sub.get("short"), first)
+      z_BxNxD, inner = module.inner_level(hierarchy, options)(z_BxNxD, True, sub["inner"], first)
       sub = dict(sub, inner=inner, z=kv_cache.write_rows(sub["z"], z_BxNxD, first))
       if short is not None:
         sub["short"] = short
@@ -70,10 +70,10 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **in
       sub = nn.cond(new.any_new, advance, lambda module, sub, w, first: sub, body, sub, window_BxWxD, new.first)
     cache.update(sub)
     first, count = kv_cache.coarse_read(start, length, k, size)
-    y_BxTxD, up = body._upsample(hierarchy, options)(kv_cache.read_rows(cache["z"], first, count), x_BxTxD, True,
+    y_BxTxD, up = body.upsampling(hierarchy, options)(kv_cache.read_rows(cache["z"], first, count), x_BxTxD, True,
                                                      cache.get("up"), start, first)
     if up is not None:
       cache["up"] = up
-  y_BxTxD, cache["post"] = body._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
+  y_BxTxD, cache["post"] = body.stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                    index_T)
   return y_BxTxD, cache

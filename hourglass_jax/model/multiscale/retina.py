@@ -14,11 +14,12 @@ import jax
 import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int
-from hourglass_jax.model.layers import LAYERS_AXIS, feed_forward_residual, layer_norm, pad_to, scan_blocks
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int, module_fields
+from hourglass_jax.model.layers import feed_forward_residual, layer_norm, pad_to, scan_blocks
 from hourglass_jax.model.multiscale.attention import ScaleAttention
 from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, cached_pyramid, pyramid, pyramid_cache
-from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
+from hourglass_jax.model.multiscale.scales import MultiScale, MultiScaleSettings, parse_multiscale
+from hourglass_jax.sharding import LAYERS_AXIS
 
 
 def check_windows_fit(scales: MultiScale, retina_windows: str, length: int) -> None:
@@ -67,19 +68,15 @@ class RetinaBlock(nn.Module):
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
-class Retina(LayerOptions):
+# A small body to build on: ModelConfig's scales are the paper's '64,16,4,1', and its retina_windows have no default.
+class Retina(module_fields(MultiScaleSettings, "scales", "retina_windows", "heads_per_scale", "downsampler",
+                           scales="16,4,1", retina_windows="0:8,8:32,32:64"), LayerOptions):
   """x [B, L, D] -> y [B, L, D]: `num_layers` retina blocks (scanned, params under 'blocks'), ending with its own
   LayerNorm. `scales` ('16,4,1'), `retina_windows` (one 'a:b' window per scale, nearest first, e.g.
   '0:8,8:32,32:64'), `heads_per_scale` ('' = even split) and `downsampler` ('avg' | 'conv') as in the multi-scale
   notation. Block settings: `LayerOptions`. Cached decoding: `cache`, and `position` None to prefill x's rows as
   positions 0.., else the (traced) position of x's first row; returns (y, cache)."""
   num_layers: int = 2
-  # A small body to build on; ModelConfig's scales default to the paper's '64,16,4,1', and its retina_windows has
-  # no default (a retina config names them).
-  scales: str = "16,4,1"
-  retina_windows: str = "0:8,8:32,32:64"
-  heads_per_scale: str = ""
-  downsampler: str = "avg"
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""

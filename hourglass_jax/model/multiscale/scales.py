@@ -9,9 +9,23 @@ window a:b = the tokens a..b-1 back. Parsed, every tuple is aligned with `factor
 import dataclasses
 import re
 
+from hourglass_jax.model.layer_config import setting
+
+MULTISCALE_KINDS = ("topdown", "bottomup", "retina")
 _WINDOW = re.compile(r"^(\d+):(\d+)$")
 _SCALES_HELP = ("Expected comma-separated cumulative pooling factors listed coarse to fine and ending at 1, each an "
                 "integer multiple of the next, e.g. '64,16,4,1' or '16,4,1'.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MultiScaleSettings:
+  """The multi-scale settings (the paper's four-scale model): `ModelConfig` inherits them, the bodies take theirs."""
+  scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)  # cumulative pooling factors, coarse to fine
+  layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))  # one layer count per scale
+  heads_per_scale: str = setting("", function_of=("bottomup", "retina"))  # heads reading each scale ('' = even)
+  downsampler: str = setting("avg", function_of=MULTISCALE_KINDS)  # DOWNSAMPLERS: 'avg' or 'conv'
+  upsampler: str = setting("transposed_conv", function_of=("topdown",))  # UPSAMPLERS: 'transposed_conv' or 'repeat'
+  retina_windows: str = setting("", function_of=("retina",))  # one 'a:b' window per scale, nearest first
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from hourglass_jax.model import kv_cache
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, module_fields
 from hourglass_jax.model.layers import DecoderStack, dense, feed_forward_residual, layer_norm, pad_to, rematerialised
 from hourglass_jax.model.multiscale.attention import ScaleAttention
 from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, coarse_chain,
                                                       downsample, pool, pyramid, pyramid_cache, upsample)
-from hourglass_jax.model.multiscale.scales import MultiScale, parse_multiscale
+from hourglass_jax.model.multiscale.scales import MultiScale, MultiScaleSettings, parse_multiscale
 from hourglass_jax.ops.dropout import Dropout
 
 
@@ -59,17 +59,14 @@ def _cached_stack(cfg: LayerConfig, scales: MultiScale, i: int, cache: dict, x_B
   return y_BxTxD
 
 
-class TopDown(LayerOptions):
+# A small body to build on (so is BottomUp): ModelConfig's defaults are the paper's four-scale model.
+class TopDown(module_fields(MultiScaleSettings, "scales", "layers_per_scale", "downsampler", "upsampler",
+                            scales="16,4,1", layers_per_scale="2,2,2"), LayerOptions):
   """Coarsest scale on pooled inputs; each finer scale's input is GELU(Linear(concat(pooled inputs, up-sampled
   coarser output))); the scale-1 stack's output is y. `scales` ('64,16,4,1', coarse to fine) and
   `layers_per_scale` ('2,4,8,12') as in the multi-scale notation; `downsampler` 'avg' | 'conv', `upsampler`
   'transposed_conv' | 'repeat'. Block settings: `LayerOptions`. Cached decoding: see the module docstring;
   returns (y, cache)."""
-  # A small body to build on; ModelConfig's defaults are the paper's four-scale model ('64,16,4,1', '2,4,8,12').
-  scales: str = "16,4,1"
-  layers_per_scale: str = "2,2,2"
-  downsampler: str = "avg"
-  upsampler: str = "transposed_conv"
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""
@@ -156,16 +153,12 @@ class AggregationBlock(nn.Module):
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
 
 
-class BottomUp(LayerOptions):
+class BottomUp(module_fields(MultiScaleSettings, "scales", "layers_per_scale", "heads_per_scale", "downsampler",
+                             scales="16,4,1", layers_per_scale="2,2,2"), LayerOptions):
   """Pool upward from x, each coarser scale from the finer scale's output, running each scale's stack; then one
   aggregation layer at scale 1 whose head groups (`heads_per_scale`, '' = even split) read all scales; then the
   scale-1 stack gives y. Fields as `TopDown`; block settings: `LayerOptions`. Cached decoding: see the module
   docstring; returns (y, cache)."""
-  # A small body to build on; ModelConfig's defaults are the paper's four-scale model ('64,16,4,1', '2,4,8,12').
-  scales: str = "16,4,1"
-  layers_per_scale: str = "2,2,2"
-  heads_per_scale: str = ""
-  downsampler: str = "avg"
 
   def new_cache(self, batch: int, length: int, d_model: int) -> dict:
     """Empty decoding cache for `batch` sequences of up to `length` (a multiple of the coarsest scale) positions."""

@@ -1,6 +1,7 @@
 """The boundary-predictor interface, its registry, and the losses and masks predictors share."""
 
 import dataclasses
+import functools
 import math
 from typing import ClassVar, NamedTuple
 
@@ -9,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
-from hourglass_jax.model.layer_config import LayerConfig
+from hourglass_jax.model.layer_config import LayerConfig, setting
 
+DYNAMIC = "dynamic"  # shorten='dynamic', and the kind of function a dynamic level's settings change
 PREDICTORS: dict[str, type["BoundaryPredictor"]] = {}  # key -> class, in the order registered
 
 
@@ -30,49 +32,50 @@ class BoundaryPredictor(nn.Module):
   when None); `lengths_B`: the positions of each row its losses count (a nested level's filled slots); `state`: the
   decoding state before x's first position (None: a forward pass); `inputs`: what it reads besides x.
 
-  A subclass declares its `key` (the name `boundaries` gives it; `parse` for names that carry settings), the
-  `module_name` of its parameters under the level, whether it can cut an `inner` level's stream of segments (not
-  only bytes), the keyword `inputs` it reads (`from_tokens` makes them), its settings as fields named as the
-  level's (DynamicShorten's), which the level fills, and their `check`; its per-row decoding state (`new_state`);
-  its (params, forward FLOPs) at a level of `length` positions (`cost`); `loss_weight`, the boundary_loss_weight
-  the presets give its loss (None: it has none); and `segment_length`, where it fixes its segments' length."""
+  A subclass declares its `key` (the name `boundaries` gives it; `parse` for names that carry settings) and the
+  `examples` the conformance grid builds it with (tests/test_predictors.py; default: `key`), the `module_name` of
+  its parameters, whether it can cut an `inner` level's stream of segments, the keyword `inputs` it reads
+  (`from_tokens` makes them); its settings, fields made with `setting` (the level's settings and config keys derive
+  from them; another's are taken with `module_fields`), and their `check`; what `describe` adds to a summary of its
+  cuts; its per-row decoding `new_state`; its (params, forward FLOPs) at `length` positions (`cost`); `loss_weight`,
+  the boundary_loss_weight the presets give its loss (None: no loss; `cpu_loss_weight`: the CPU preset's for one
+  level, where it differs); and `segment_length`, where it fixes its segments' length."""
   cfg: LayerConfig
   factor: int
-  boundary_loss_weight: float = 1.0
+  boundary_loss_weight: float = setting(1.0)  # the weight of its loss in training (a prior, H-Net's ratio loss)
 
   key: ClassVar[str]
+  examples: ClassVar[tuple[str, ...]] = ()
   module_name: ClassVar[str]
   inner: ClassVar[bool] = True
   inputs: ClassVar[tuple[str, ...]] = ()
   loss_weight: ClassVar[float | None] = None
+  cpu_loss_weight: ClassVar[float | None] = None
 
   @classmethod
   def parse(cls, name: str) -> dict | None:
     return {} if name == cls.key else None
 
   @classmethod
-  def settings(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("cfg", "factor", "parent", "name"))
+  def settings(cls) -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(cls) if "function_of" in f.metadata)
 
   @classmethod
   def check(cls, level, prefix: str) -> None:
-    pass
+    if not 0 <= float(level.boundary_loss_weight) < math.inf:
+      raise ValueError(f"{prefix}boundary_loss_weight={level.boundary_loss_weight!r} must be a finite number >= 0.")
+
+  # Without their own: nothing to add to a summary, no inputs, no decoding state, no cost, no fixed segment length.
+  describe = classmethod(lambda cls, level: "")
+  from_tokens = classmethod(lambda cls, cfg, tokens_BxL, targets: {})
+  new_state = classmethod(lambda cls, batch, d_model, dtype: {})
+  cost = classmethod(lambda cls, cfg, length: (0, 0))
+  segment_length = classmethod(lambda cls: None)
 
   @classmethod
-  def from_tokens(cls, cfg, tokens_BxL, targets: bool) -> dict:
-    return {}
-
-  @classmethod
-  def new_state(cls, batch: int, d_model: int, dtype) -> dict:
-    return {}
-
-  @classmethod
-  def cost(cls, cfg, length: int) -> tuple[int, int]:
-    return 0, 0
-
-  @classmethod
-  def segment_length(cls, **settings) -> int | None:
-    return None
+  def module(cls, cfg: LayerConfig, factor: int, level) -> "BoundaryPredictor":
+    """Its module at a level of `factor`, its settings from the level's fields of their names."""
+    return cls(cfg, factor, **{f.name: getattr(level, f.name) for f in cls.settings()}, name=cls.module_name)
 
 
 def register(cls):
@@ -80,12 +83,21 @@ def register(cls):
   return cls
 
 
-def resolve(name: str, owner: str = "boundaries") -> tuple[type[BoundaryPredictor], dict]:
-  """(the predictor class `name` picks, the settings the name gives it); ValueError naming the choices."""
+def resolve(name, owner: str = "boundaries") -> type[BoundaryPredictor]:
+  """The predictor class `name` picks (a class passes through): for a name that carries settings ('every2'), a
+  subclass keyed by the name with them as its defaults (one per name). ValueError naming the choices."""
+  if isinstance(name, type):
+    return name
   for cls in PREDICTORS.values():
     if (settings := cls.parse(name)) is not None:
-      return cls, settings
+      return _named(cls, name, tuple(settings.items())) if settings else cls
   raise ValueError(f"{owner}={name!r} is not supported; choose one of {', '.join(PREDICTORS)}.")
+
+
+@functools.cache
+def _named(cls, name: str, settings: tuple) -> type[BoundaryPredictor]:
+  return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__annotations__": {k: type(v) for k, v in settings},
+                                     "key": name, **dict(settings)})
 
 
 def valid_positions(shape, lengths_B=None):

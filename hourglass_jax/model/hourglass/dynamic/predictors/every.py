@@ -4,7 +4,7 @@ import re
 
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.predictors.base import BoundaryPredictor, Decision, register
+from hourglass_jax.model.hourglass.dynamic.predictors.base import BoundaryPredictor, Decision, register
 
 
 MAX_COUNT = 2**20  # positions a segment may span: beyond any window this library trains on
@@ -20,6 +20,7 @@ class Every(BoundaryPredictor):
   count: int = 2
 
   key = "every<N>"
+  examples = ("every2", "every3")
   module_name = "every"
 
   @classmethod
@@ -31,9 +32,7 @@ class Every(BoundaryPredictor):
                        "'every2'.")
     return {"count": int(match.group(1))} if match else None
 
-  @classmethod
-  def segment_length(cls, count: int = 2) -> int:
-    return count
+  segment_length = classmethod(lambda cls: cls.count)
 
   def __call__(self, x_BxLxD, deterministic=True, positions_L=None, lengths_B=None, state=None):
     positions_L = jnp.arange(x_BxLxD.shape[1]) if positions_L is None else positions_L

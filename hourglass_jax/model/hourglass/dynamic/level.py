@@ -1,10 +1,11 @@
 """A dynamically shortened Hourglass level's resampling (dynamic token pooling, Nawrot et al. 2023): boundary
 decisions -> segments -> their means (`DynamicShorten`), and each position's last completed segment back
-(`DynamicUpsample`). The segment ops and their causality argument are in dynamic.py; the boundary predictors
+(`DynamicUpsample`). The segment ops and their causality argument are in segments.py; the boundary predictors
 ('boundaries') in predictors/, one module each.
 """
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -12,39 +13,33 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.dynamic import (completed_segments, pool_segments, positions_in_segments,
-                                                   segment_boundary_probs, segment_ids, smooth_segments,
-                                                   straight_through_weights, upsample_segments)
-from hourglass_jax.model.hourglass.predictors import INNER_PREDICTORS, PREDICTORS, resolve
-from hourglass_jax.model.hourglass.predictors.base import masked_mean, valid_positions
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, check_int, module_fields, setting
+from hourglass_jax.model.hourglass.dynamic.segments import (completed_segments, pool_segments, positions_in_segments,
+                                                            segment_boundary_probs, segment_ids, smooth_segments,
+                                                            straight_through_weights, upsample_segments)
+from hourglass_jax.model.hourglass.dynamic.predictors import (DYNAMIC, INNER_PREDICTORS, PREDICTORS, SETTINGS,
+                                                              BoundaryPredictor, resolve)
+from hourglass_jax.model.hourglass.dynamic.predictors.base import masked_mean, valid_positions
+from hourglass_jax.model.layer_config import (LayerConfig, LayerOptions, check_choice, check_int, module_fields,
+                                              setting, settings_class)
 from hourglass_jax.model.layers import layer_norm
 
 SEGMENT_POOLINGS = ("mean", "linear")
-DYNAMIC = "dynamic"  # shorten='dynamic', and the kind of function these settings change
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DynamicSettings:
-  """A dynamic level's settings, declared once: `ModelConfig` inherits them, `Hourglass` and `DynamicShorten` take
-  them as keyword arguments (`module_fields`). `boundaries`: the predictor (predictors/), one name or one per
-  shortened level outermost first ('whitespace,gumbel'); each row keeps `segment_capacity` x L/k segments (the rest:
-  a merged tail); `segment_pooling` 'mean' averages a segment's vectors, 'linear' averages W_s x + b, a matrix per
-  position s < k in the segment. Training only: `gumbel_temperature` (the relaxed Bernoulli's) and
-  `boundary_loss_weight` (of the predictor's loss: a prior, H-Net's ratio loss). Evaluation only, 'gumbel':
-  `gumbel_evaluation` cuts where sigmoid(logit) > 1/2 ('threshold'), or draws as in training with noise fixed per
-  position ('sample': evaluation cuts at the training rate)."""
+class LevelSettings:
+  """A dynamic level's own settings; `DynamicSettings` adds those its predictors declare."""
   # 'gumbel', not 'whitespace' (which the study ranks first on bytes, and configs/dynamic.py picks): the same default
   # serves hnn.Hourglass / DynamicShorten over embeddings, which have no bytes to read, every level of a nested
   # hierarchy (only the outermost level sees bytes), and vocabularies that are not bytes; 'gumbel' works for all.
-  boundaries: str = setting("gumbel", function_of=(DYNAMIC,))
-  segment_capacity: float = setting(1.5, function_of=(DYNAMIC,))
-  segment_pooling: str = setting("mean", function_of=(DYNAMIC,))
-  gumbel_temperature: float = 0.5
-  gumbel_evaluation: str = "threshold"
-  boundary_loss_weight: float = 1.0
+  boundaries: str = setting("gumbel", function_of=(DYNAMIC,))  # a predictor, or one per level outermost first
+  segment_capacity: float = setting(1.5, function_of=(DYNAMIC,))  # a row keeps capacity x L/k segments (+ a tail)
+  segment_pooling: str = setting("mean", function_of=(DYNAMIC,))  # 'mean', or 'linear': the mean of W_s x + b
 
 
+# A dynamic level's settings, its own and those its registered predictors declare with `setting`: `ModelConfig`
+# inherits them (config keys model.<name>), `Hourglass` and `DynamicShorten` take them as keyword arguments.
+DynamicSettings = settings_class("DynamicSettings", dataclasses.fields(LevelSettings) + SETTINGS, frozen=True)
 DYNAMIC_FIELDS = tuple(f.name for f in dataclasses.fields(DynamicSettings))
 
 
@@ -91,14 +86,14 @@ class Segments(NamedTuple):
 
 
 def check_dynamic_settings(s, prefix: str) -> None:
-  """The level settings of `s` (DynamicShorten or ModelConfig) besides `boundaries`; `prefix` names their owner."""
+  """The settings of `s` (DynamicShorten or ModelConfig) besides `boundaries`, the predictors' by their own `check`;
+  `prefix` names their owner."""
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
-  for cls in PREDICTORS.values():
-    cls.check(s, prefix)
   if not 0 < float(s.segment_capacity) < math.inf:
     raise ValueError(f"{prefix}segment_capacity={s.segment_capacity!r} must be a finite number > 0.")
-  if not 0 <= float(s.boundary_loss_weight) < math.inf:
-    raise ValueError(f"{prefix}boundary_loss_weight={s.boundary_loss_weight!r} must be a finite number >= 0.")
+  for cls in (BoundaryPredictor, *PREDICTORS.values()):
+    if "check" in vars(cls):
+      cls.check(s, prefix)
   check_segments_fit(s, prefix)
 
 
@@ -106,12 +101,13 @@ def check_segments_fit(s, prefix: str) -> None:
   """Refuses a level whose predictor fixes its segments' length N (every<N>) shorter than the level's factor k
   allows: its segment_capacity x L/k slots cannot hold L/N segments, and the positions past them would all share
   the merged tail. `s`: a DynamicShorten (one level, its `factor`) or a ModelConfig (each level of its hierarchy)."""
-  levels = [(s.boundaries, s.factor)] if hasattr(s, "factor") else _levels(s, prefix)
-  for level, (name, factor) in enumerate(levels, start=1):
-    length = _segment_length(name)
+  levels = [(resolve(s.boundaries), s.factor)] if hasattr(s, "factor") else _levels(s)
+  for level, (predictor, factor) in enumerate(levels, start=1):
+    length = predictor.segment_length()
     if length and isinstance(factor, int) and length * s.segment_capacity < factor:
       where = f"level {level}" if len(levels) > 1 else "its level"
-      raise ValueError(f"{prefix}boundaries={s.boundaries!r}: {name!r} closes a segment every {length} positions, "
+      given = getattr(s.boundaries, "key", s.boundaries)  # a DynamicShorten's may be its resolved predictor
+      raise ValueError(f"{prefix}boundaries={given!r}: {predictor.key!r} closes a segment every {length} positions, "
                        f"but {where} shortens by {factor}, so its {prefix}segment_capacity={s.segment_capacity!r} x "
                        f"L/{factor} slots cannot hold the L/{length} segments (the rest would share one merged "
                        f"segment). Give that level the factor {length}, or raise segment_capacity to "
@@ -122,8 +118,8 @@ def check_segments_in_window(cfg, seq_len: int) -> None:
   """Refuses a dynamic model (ModelConfig) whose segments are longer than the window of `seq_len` positions, so
   that they never close in it: at each level the length its predictor fixes (every<N>) or else its factor, in all;
   and one that shortens by more than the window (padded to that many positions)."""
-  levels = _levels(cfg, "model.")
-  span = math.prod(_segment_length(name) or factor for name, factor in levels)
+  levels = _levels(cfg)
+  span = math.prod(predictor.segment_length() or factor for predictor, factor in levels)
   needed = max(span, cfg.pad_multiple)
   if needed > seq_len:
     what = f"segments of {span:,} positions" if span >= cfg.pad_multiple else f"a shortening by {needed:,}"
@@ -133,83 +129,69 @@ def check_segments_in_window(cfg, seq_len: int) -> None:
                      "smaller factors).")
 
 
-def _levels(cfg, prefix: str) -> list[tuple[str, int]]:
-  """(predictor name, factor) of each shortened level of a ModelConfig, outermost first."""
-  hierarchy = cfg.parsed_hierarchy
-  names = level_predictors(hierarchy, cfg.upsample, cfg.boundaries, prefix)
-  return [(name, hierarchy.relative_factor(i)) for i, name in enumerate(names)]
+def _levels(cfg) -> list[tuple[type[BoundaryPredictor], int]]:
+  """(predictor, factor) of each shortened level of a ModelConfig, outermost first."""
+  return [(predictor, cfg.parsed_hierarchy.relative_factor(i)) for i, predictor in enumerate(cfg.level_predictors)]
 
 
-def _segment_length(name: str) -> int | None:
-  cls, named = resolve(name)
-  return cls.segment_length(**named)
-
-
-def level_predictors(hierarchy, upsample: str, boundaries: str, prefix: str = "model.") -> tuple[str, ...]:
-  """The boundary predictor of each shortened level of `hierarchy`, outermost first, from `boundaries`: one name for
-  every level, or a comma-separated name per level ('whitespace,gumbel'). Raises unless every level can be dynamic:
-  up-sampled by 'repeat', and past the first level (which reads a segment stream, not bytes) cut by one of
-  INNER_PREDICTORS; `prefix` names the fields' owner ('model.', 'Hourglass.')."""
+@functools.cache
+def level_predictors(hierarchy, upsample: str, boundaries, prefix: str = "model.") -> tuple:
+  """The boundary predictor of each shortened level of `hierarchy`, outermost first, resolved once (cached) from
+  `boundaries`: a name for every level, a name per level ('whitespace,gumbel'), or those a body hands inward.
+  Raises unless every level can be dynamic: up-sampled by 'repeat', and past the first level (which reads segments,
+  not bytes) cut by one of INNER_PREDICTORS; `prefix` names the fields' owner ('model.', 'Hourglass.')."""
   if not hierarchy.depth or upsample != "repeat":
     raise ValueError(f"{prefix}shorten='dynamic' takes shortened levels and upsample='repeat' (each position reads "
                      f"its last completed segment); got hierarchy={str(hierarchy)!r}, upsample={upsample!r}. Use "
                      "e.g. hierarchy='2@1 8@4 2@1', upsample='repeat'.")
   depth, owner = hierarchy.depth, f"{prefix}boundaries"
-  names = tuple(name.strip() for name in boundaries.split(","))
+  names = tuple(name.strip() for name in boundaries.split(",")) if isinstance(boundaries, str) else boundaries
+  given = ",".join(getattr(name, "key", name) for name in names)
   if len(names) not in (1, depth):
-    raise ValueError(f"{owner}={boundaries!r} names {len(names)} predictors for {depth} shortened levels; give one "
+    raise ValueError(f"{owner}={given!r} names {len(names)} predictors for {depth} shortened levels; give one "
                      f"for every level or one per level, outermost first (e.g. "
                      f"{','.join([INNER_PREDICTORS[0]] * depth)!r}).")
-  for name in names:
-    resolve(name, owner)
-  names = names * depth if len(names) == 1 else names
-  for level, name in enumerate(names[1:], start=2):
-    if not resolve(name)[0].inner:
-      raise ValueError(f"{owner}={boundaries!r}: level {level} reads the segments of the level above, not bytes, so "
-                       f"{name!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
-                       f"'{names[0]}{(',' + INNER_PREDICTORS[0]) * (depth - 1)}').")
-  return names
+  predictors = tuple(resolve(name, owner) for name in names) * (depth if len(names) == 1 else 1)
+  for level, predictor in enumerate(predictors[1:], start=2):
+    if not predictor.inner:
+      raise ValueError(f"{owner}={given!r}: level {level} reads the segments of the level above, not bytes, so "
+                       f"{predictor.key!r} cannot cut it; use one of {', '.join(INNER_PREDICTORS)} there (e.g. "
+                       f"'{predictors[0].key}{(',' + INNER_PREDICTORS[0]) * (depth - 1)}').")
+  return predictors
 
 
 class DynamicShorten(module_fields(DynamicSettings), LayerOptions):
   """x [B, L, D] -> (z [B, M, D] the mean of each segment, Segments): segments close at the boundaries of the
-  predictor `boundaries` names (predictors/: learned from x, or given as `inputs`, e.g. 'whitespace' takes
-  `boundaries_BxL`, bool [B, L], and `runs_BxL`). `factor` is the target average segment length;
-  M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2 share the merged tail M-1, which no
-  position reads. Every predictor decides b_t from positions <= t.
+  predictor `boundaries` names (or is: a body hands its levels their resolved predictors), learned from x or given
+  as `inputs` ('whitespace' takes `boundaries_BxL`, bool [B, L], and `runs_BxL`), b_t from positions <= t. `factor`
+  is the target average segment length; M = `max_segments(L, factor, segment_capacity)`, positions past segment M-2
+  share the merged tail M-1, which no position reads. `segment_pooling` 'mean' averages each segment's vectors;
+  'linear' averages W_s x_t + b, s the position's index in its segment (`PositionProjection`).
 
-  Sows into 'losses' the predictor's losses (already weighted by `boundary_loss_weight`), into 'intermediates' the
-  'boundaries', and into 'metrics' the realised 'shortening_rate' (positions per boundary), 'boundary_rate' and
-  'segment_overflow' (the fraction of positions in the merged tail: raise segment_capacity when it is not ~0).
-  Apply with mutable=['losses', 'metrics'] to read them.
+  Sows into 'losses' the predictor's (weighted) losses, into 'intermediates' the 'boundaries', and into 'metrics'
+  the realised 'shortening_rate' (positions per boundary), 'boundary_rate' and 'segment_overflow' (the fraction of
+  positions in the merged tail: raise segment_capacity when it is not ~0), counting each row's first `lengths_B`
+  positions (a nested level's filled slots). Apply with mutable=['losses', 'metrics'] to read them.
 
-  `segment_pooling` 'mean' averages each segment's vectors; 'linear' averages W_s x_t + b, s the position's index
-  in its segment (`PositionProjection`, k matrices, later positions share the last; starts as the mean).
-
-  Cached decoding passes `previous` (the segment state of model/hourglass/dynamic_cache.py) and `positions_L` (x's
-  entries) and gets (boundaries b [B, T]; the probabilities to smooth by [B, T] or None; the predictor's state after
-  each of x's tokens [B, T, ...]; the vectors [B, T, D] that segments sum: x, or its projection for 'linear').
-
-  `lengths_B` (a level inside another dynamic one, whose stream has empty segment slots at the end of each row)
-  counts only each row's first lengths_B positions in the losses and metrics.
+  Cached decoding passes `previous` (the segment state of dynamic/cache.py) and `positions_L` (x's entries) and
+  gets (boundaries b [B, T]; the probabilities to smooth by [B, T] or None; the predictor's state after each of x's
+  tokens [B, T, ...]; the vectors [B, T, D] that segments sum: x, or its projection for 'linear').
   """
   factor: int = 4
-  vocab_size: int = 256  # a predictor that predicts the tokens ('entropy')
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool = True, previous=None, positions_L=None, lengths_B=None,
                **inputs):
-    cls, named = resolve(self.boundaries, "DynamicShorten.boundaries")
+    predictor = resolve(self.boundaries, "DynamicShorten.boundaries")
     check_dynamic_settings(self, "DynamicShorten.")
     check_int("DynamicShorten.factor", self.factor, 2)
-    for given in set(inputs) - set(cls.inputs):
+    for given in set(inputs) - set(predictor.inputs):
       readers = " or ".join(repr(key) for key, c in PREDICTORS.items() if given in c.inputs) or "no predictor"
-      raise ValueError(f"DynamicShorten(boundaries={self.boundaries!r}) got {given}, which only {readers} reads; "
+      raise ValueError(f"DynamicShorten(boundaries={predictor.key!r}) got {given}, which only {readers} reads; "
                        f"drop it, or pick a predictor that reads it.")
     cfg, length = self.layer_config(x_BxLxD.shape[-1]), x_BxLxD.shape[1]
-    settings = {name: getattr(self, name) for name in cls.settings() if name not in named}
-    decision = cls(cfg, self.factor, **settings, **named, name=cls.module_name)(x_BxLxD, deterministic, positions_L,
-                                                                         lengths_B, previous, **inputs)
+    decision = predictor.module(cfg, self.factor, self)(x_BxLxD, deterministic, positions_L, lengths_B, previous,
+                                                        **inputs)
     b_BxL = decision.boundaries_BxL
     hard_BxL = b_BxL > 0.5
     if self.segment_pooling == "linear":  # decoding counts on from the open segment's size (0 after a boundary)

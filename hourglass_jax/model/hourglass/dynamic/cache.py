@@ -1,4 +1,4 @@
-"""The segments of a dynamically shortened level during cached decoding (dynamic.py has those of a whole sequence).
+"""The segments of a dynamically shortened level during cached decoding (segments.py has those of a whole sequence).
 
 Everything is stored by position, so that decoding can go back to any earlier position: after each stream entry t,
 'state' holds 'completed' (segments closed at or before t, capped at M-1: the merged tail never closes), the float32

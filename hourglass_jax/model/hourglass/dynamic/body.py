@@ -1,25 +1,23 @@
 """A dynamic Hourglass level of the body (shorten='dynamic'): its forward pass, its cached decoding and its cache
-entries. `body` is the Hourglass module whose level this is: it builds the stacks and the inner level."""
+entries. `body` is the Hourglass module whose level this is: it builds the level's modules (`stack`, ...)."""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hourglass_jax.model.hourglass import dynamic_cache
-from hourglass_jax.model.hourglass.dynamic import segments_holding, smooth_segments
-from hourglass_jax.model.hourglass.dynamic_level import DynamicUpsample, Segments, max_segments
-from hourglass_jax.model.hourglass.predictors import resolve
+from hourglass_jax.model.hourglass.dynamic import cache as dynamic_cache
+from hourglass_jax.model.hourglass.dynamic.segments import segments_holding, smooth_segments
+from hourglass_jax.model.hourglass.dynamic.level import BoundaryPredictor, Segments, max_segments
 
 
-def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: str):
+def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float, predictor: type[BoundaryPredictor]):
   """(this level's cache entries: the per-position segment state with what `predictor` keeps, and per segment its
-  mean, boundary probability and output (dynamic_cache.py); the inner level's stream length: the M segment slots of
+  mean, boundary probability and output (cache.py); the inner level's stream length: the M segment slots of
   the forward pass, of which the M-1 that can complete are ever read)."""
   num = max_segments(padded, hierarchy.relative_factor(0), segment_capacity)
   dtype = cfg.compute_dtype
-  state = dynamic_cache.new_level_state(batch, padded, cfg.d_model,
-                                        resolve(predictor)[0].new_state(batch, cfg.d_model, dtype))
+  state = dynamic_cache.new_level_state(batch, padded, cfg.d_model, predictor.new_state(batch, cfg.d_model, dtype))
   entries = dict(state=state, means=jnp.zeros((batch, num, cfg.d_model), dtype),
                  probs=jnp.zeros((batch, num), jnp.float32), ybar=jnp.zeros((batch, num, cfg.d_model), dtype))
   return entries, num
@@ -28,25 +26,25 @@ def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float
 def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **inputs):
   """pre stack -> segments -> inner level over them -> each position's last completed segment + x -> post.
   `lengths_B`: a level inside another dynamic one, whose rows hold lengths_B segments, then empty slots."""
-  x_BxLxD = body._stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
-  z_BxMxD, segments = body._dynamic_shorten(hierarchy, options)(x_BxLxD, deterministic, lengths_B=lengths_B,
+  x_BxLxD = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
+  z_BxMxD, segments = body.shortening(hierarchy, options)(x_BxLxD, deterministic, lengths_B=lengths_B,
                                                                 **inputs)
-  z_BxMxD = body._inner(hierarchy, options)(z_BxMxD, deterministic,
+  z_BxMxD = body.inner_level(hierarchy, options)(z_BxMxD, deterministic,
                                             lengths_B=segments_holding(segments.ids_BxL, lengths_B))
-  y_BxLxD = DynamicUpsample(**options, name="upsample")(z_BxMxD, segments, x_BxLxD)
-  return body._stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
+  y_BxLxD = body.upsampling(hierarchy, options)(z_BxMxD, segments, x_BxLxD)
+  return body.stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
 
 
 def decode(body, hierarchy, options, x_BxTxD, cache, start, **inputs):
-  """`forward` with a cache (dynamic_cache.py) for x's T rows at stream entries start..: the tokens join and close
+  """`forward` with a cache (cache.py) for x's T rows at stream entries start..: the tokens join and close
   segments in order, the segments they close go through the inner level together, and each token reads the newest
   segment completed at or before it."""
   length = x_BxTxD.shape[1]
   index_T = start + jnp.arange(length)
   cache = dict(cache)
-  x_BxTxD, cache["pre"] = body._stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
+  x_BxTxD, cache["pre"] = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
   previous = dynamic_cache.state_before(cache["state"], start)
-  b_BxT, probs_BxT, updates, pooled_BxTxD = body._dynamic_shorten(hierarchy, options)(
+  b_BxT, probs_BxT, updates, pooled_BxTxD = body.shortening(hierarchy, options)(
       x_BxTxD, True, previous=previous, positions_L=index_T, **inputs)
   num = cache["means"].shape[1]
   after, closes_BxT, mean_BxTxD = dynamic_cache.add_tokens(previous, pooled_BxTxD, b_BxT, num)
@@ -67,9 +65,8 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, **inputs):
   old_BxNxD = dynamic_cache.take_rows(cache["ybar"], first_B, count)
   y_BxNxD = jnp.where((closed_B > 0)[:, None, None], y_BxNxD.astype(old_BxNxD.dtype), old_BxNxD)
   cache["ybar"] = dynamic_cache.put_rows(cache["ybar"], y_BxNxD, first_B)
-  y_BxTxD = DynamicUpsample(**options, name="upsample")(cache["ybar"], Segments(None, after["completed"], None),
-                                                        x_BxTxD)
-  y_BxTxD, cache["post"] = body._stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
+  y_BxTxD = body.upsampling(hierarchy, options)(cache["ybar"], Segments(None, after["completed"], None), x_BxTxD)
+  y_BxTxD, cache["post"] = body.stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
                                                                                    index_T)
   return y_BxTxD, cache
 
@@ -102,7 +99,7 @@ def run_inner(body, hierarchy, options, z_BxNxD, first_B, active_B, inner, share
   axis and the vmap's axis moves copied the whole chunk's cache several times a step
   (benchmarks/dynamic_decode.py)."""
   batch, slots = z_BxNxD.shape[:2]
-  inner_level = lambda module, z, inner, first: module._inner(hierarchy, options)(z, True, inner, first)
+  inner_level = lambda module, z, inner, first: module.inner_level(hierarchy, options)(z, True, inner, first)
   if shared_first is not None:  # a prompt: also makes the relative-position tables, so not under a cond
     return inner_level(body, z_BxNxD, inner, shared_first)
   if batch == 1:

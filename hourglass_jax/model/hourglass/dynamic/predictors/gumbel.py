@@ -6,9 +6,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hourglass_jax.model.hourglass.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
-                                                           register)
-from hourglass_jax.model.layer_config import check_choice
+from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
+                                                                   register)
+from hourglass_jax.model.layer_config import check_choice, setting
 from hourglass_jax.model.layers import dense
 
 GUMBEL_EVALUATIONS = ("threshold", "sample")
@@ -35,8 +35,8 @@ class Gumbel(BoundaryPredictor):
   per absolute position (`evaluation_noise` of `positions_L`), so evaluation cuts at the rate training did,
   deterministically. The logit's bias starts at log-odds(1/factor): training starts at the target rate. Loss:
   'boundary_prior' (`binomial_prior_loss`) times `boundary_loss_weight`."""
-  gumbel_temperature: float = 0.5
-  gumbel_evaluation: str = "threshold"
+  gumbel_temperature: float = setting(0.5)  # training's relaxed Bernoulli ('entropy': its straight-through sigmoid)
+  gumbel_evaluation: str = setting("threshold")  # GUMBEL_EVALUATIONS: how evaluation decides
 
   key = "gumbel"
   module_name = "predictor"
@@ -47,6 +47,8 @@ class Gumbel(BoundaryPredictor):
     check_choice(f"{prefix}gumbel_evaluation", level.gumbel_evaluation, GUMBEL_EVALUATIONS)
     if not 0 < float(level.gumbel_temperature) < math.inf:
       raise ValueError(f"{prefix}gumbel_temperature={level.gumbel_temperature!r} must be a finite number > 0.")
+
+  describe = classmethod(lambda cls, level: f", evaluation '{level.gumbel_evaluation}'")
 
   @classmethod
   def cost(cls, cfg, length: int) -> tuple[int, int]:

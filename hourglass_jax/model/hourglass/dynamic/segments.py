@@ -15,41 +15,8 @@ soft decision), c_t = sum_{u<t} b_u has the value s_t, and each position's pooli
 weight does the same with the count up to and including t.
 """
 
-import string
-
 import jax
 import jax.numpy as jnp
-import numpy as np
-
-# Bytes after which the 'whitespace' predictor closes a segment: space, newline, tab and common ASCII punctuation.
-WHITESPACE_BYTES = b" \n\t" + bytes(sorted(set(b".,;:!?\"'()[]{}-/")))
-# Every ASCII punctuation byte as well: with run_bytes=' ' it cuts source code near one boundary in 4 bytes.
-CODE_BOUNDARY_BYTES = b" \n\t" + bytes(sorted(set(string.punctuation.encode())))
-
-
-def whitespace_boundaries(tokens_BxL, boundary_bytes: bytes = WHITESPACE_BYTES, run_bytes: bytes = b""):
-  """bool [B, L]: a boundary after every byte of `boundary_bytes` (the parameter-free 'whitespace' predictor),
-  except after a byte of `run_bytes` that follows one: a run of them closes one segment, at its first byte."""
-  return merge_runs(byte_mask(tokens_BxL, boundary_bytes), byte_mask(tokens_BxL, run_bytes))
-
-
-def byte_mask(tokens_BxL, byte_set: bytes):
-  """bool [B, L]: the token is a byte of `byte_set`."""
-  if not jnp.issubdtype(jnp.result_type(tokens_BxL), jnp.integer):
-    raise ValueError(f"whitespace_boundaries / byte_mask take integer byte ids [batch, length], got dtype "
-                     f"{jnp.result_type(tokens_BxL)}; pass the token ids (e.g. tokens.astype('int32')), not "
-                     "embeddings.")
-  table_V = np.zeros(256, bool)
-  table_V[list(byte_set)] = True
-  return jnp.asarray(table_V)[jnp.clip(tokens_BxL, 0, 255)] & (tokens_BxL >= 0) & (tokens_BxL < 256)
-
-
-def merge_runs(boundaries_BxL, runs_BxL, run_before_B=None):
-  """`boundaries_BxL` without those at a position of `runs_BxL` that follows one. `run_before_B`: whether the
-  position before the first was one (cached decoding; none before a row's start when None)."""
-  before_B = jnp.zeros(runs_BxL.shape[:1], bool) if run_before_B is None else run_before_B
-  before_BxL = jnp.concatenate([before_B[:, None], runs_BxL[:, :-1]], axis=1)
-  return boundaries_BxL & ~(runs_BxL & before_BxL)
 
 
 def segment_ids(boundaries_BxL, max_segments: int):

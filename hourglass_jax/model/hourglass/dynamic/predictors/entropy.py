@@ -7,12 +7,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hourglass_jax.model.hourglass.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
-                                                           previous_rows, register)
+from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
+                                                                   previous_rows, register)
+from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import Gumbel
+from hourglass_jax.model.layer_config import VocabSettings, module_fields
 
 
 @register
-class Entropy(BoundaryPredictor):
+class Entropy(module_fields(Gumbel, "gumbel_temperature"), module_fields(VocabSettings), BoundaryPredictor):
   """BLT's entropy rule on the level's stream: a head (Dense d -> vocab) on stop_gradient(x) predicts the next token;
   e_t is the entropy (bits) of its prediction at t, and b_t = 1 where e_t - e_{t-1} > theta (BLT's "approximate
   monotonicity" rule: a segment ends where the next byte gets harder to predict). theta, a learned scalar, is
@@ -22,10 +24,7 @@ class Entropy(BoundaryPredictor):
   theta / log2(vocab), theta in units of the largest entropy: an optimizer's steps of about the learning rate then
   move theta across the entropies' range within tens of steps (in bits, 800 steps left the rate at 0.31 against a
   target of 0.25). Decoding keeps the last token's entropy ('entropy'; e_{-1} = e_0 at position 0, so nothing
-  closes there) and whether there was one ('seen')."""
-  vocab_size: int = 256
-  gumbel_temperature: float = 0.5  # the straight-through sigmoid's temperature, shared with 'gumbel'
-
+  closes there) and whether there was one ('seen'). Its settings are gumbel's temperature and the model's vocab_size."""
   key = "entropy"
   module_name = "entropy"
   inner = False  # its head predicts the next byte
@@ -36,9 +35,8 @@ class Entropy(BoundaryPredictor):
   def from_tokens(cls, cfg, tokens_BxL, targets: bool) -> dict:
     return {"next_tokens_BxL": jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)), constant_values=-1)} if targets else {}
 
-  @classmethod
-  def new_state(cls, batch: int, d_model: int, dtype) -> dict:
-    return {"entropy": jnp.zeros((batch,), jnp.float32), "seen": jnp.zeros((batch,), bool)}
+  new_state = classmethod(lambda cls, batch, d_model, dtype: {"entropy": jnp.zeros((batch,), jnp.float32),
+                                                                "seen": jnp.zeros((batch,), bool)})
 
   @classmethod
   def cost(cls, cfg, length: int) -> tuple[int, int]:

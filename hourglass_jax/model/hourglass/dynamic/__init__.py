@@ -1,0 +1,1 @@
+"""Learned shortening: segment ops, the boundary predictors, the level's modules, its body level and cache."""
