@@ -51,7 +51,7 @@ SMOKE_TESTS = [
     "tests/test_attention.py::test_cudnn_matches_reference_on_gpu[True-causal]",
     "tests/test_decode.py::test_hourglass_decoding_matches_forward[avg-repeat-1@1 2@3 1@1-rope-0]",
     "tests/test_decode.py::test_vanilla_decoding_matches_forward[rope]",
-    "tests/test_decode.py::test_dynamic_decoding_matches_forward[hourglass 1@1 2@3 1@1 dynamic/repeat whitespace mean rope]",
+    "tests/test_predictors.py::test_each_example_decodes_like_the_forward_pass[hourglass 1@1 2@3 1@1 dynamic/repeat whitespace mean rope]",
     "tests/test_decode.py::test_multiscale_decoding_matches_forward[topdown 4,2,1 avg/transposed_conv rope]",
     "tests/test_train_kinds.py::test_every_kind_trains_in_bfloat16_with_dropout_on_gpu[hourglass_bfloat16]",
 ]
