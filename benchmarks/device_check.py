@@ -457,7 +457,7 @@ def main(argv=None) -> dict:
     presets, ablations = split_cases(args.cases)
     train = "train" not in args.skip_set
     record.update(train=[], profile={})
-    if train:  # the presets, decoding and the speculative hook before the ablations: the rows asked for first
+    if train:  # the presets, decoding and the speculative stage before the ablations: the rows asked for first
       record["train"] += measure_train(args, presets, record["environment"], clock, programs, record["profile"])
     if "decode" not in args.skip_set:
       record["decode"] = measure_decode(args, clock, programs)

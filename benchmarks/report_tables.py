@@ -284,10 +284,13 @@ def checkpoint_section(entry: dict) -> str:
 _DATE = re.compile(r",? ?\b\d{4}-\d{2}-\d{2}(T[\d:+]+)?")
 
 
-def markdown_section(title: str, path: pathlib.Path, how: str, where: str, when: str, drop: str = "") -> str:
+def markdown_section(title: str, path: pathlib.Path, how: str, where: str, when: str, drop: str = "",
+                     drop_blocks: tuple[str, ...] = ()) -> str:
   """A results file its script writes as Markdown, under its own heading (its title line dropped; the date goes to
-  the source table; rows starting with `drop` left to the file)."""
+  the source table; rows starting with `drop`, and paragraphs or tables starting with one of `drop_blocks`, left to
+  the file)."""
   lines = [line for line in path.read_text().strip().splitlines() if not drop or not line.startswith(drop)]
-  body = "\n".join(lines[1:] if lines[0].startswith("# ") else lines).strip()
+  blocks = "\n".join(lines[1:] if lines[0].startswith("# ") else lines).strip().split("\n\n")
+  body = "\n\n".join(block for block in blocks if not block.startswith(drop_blocks))
   body = _DATE.sub("", body.replace("\n## ", "\n### "))
   return f"## {title}\n\n{source(how, path.name, where, when)}\n{body}\n"

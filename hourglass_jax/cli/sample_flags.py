@@ -21,9 +21,10 @@ _PROMPT_ROWS = flags.DEFINE_integer("prompt_rows", 0, "Images: complete real ima
 _MAX_LEN = flags.DEFINE_integer("max_len", None, "Longest context to decode (default data.seq_len, the trained "
                                 "length).")
 _OUTPUT = flags.DEFINE_string("output", None, "Images: PNG path (default WORKDIR/samples/images_stepN.png).")
-_DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (the same samples, faster): 'ngram' (proposals "
-                             "looked up in the prompt and the text so far) or the workdir or export folder of a "
-                             "smaller model with the same vocabulary (docs/generation.md).")
+_DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (the same samples; faster at batch 1 where the "
+                             "draft is often right, docs/generation.md): 'ngram' (proposals looked up in the prompt "
+                             "and the text so far) or the workdir or export folder of a smaller model with the same "
+                             "vocabulary.")
 _DRAFT_TOKENS = flags.DEFINE_integer("draft_tokens", 4, "Speculative decoding: tokens the draft proposes per pass.")
 
 

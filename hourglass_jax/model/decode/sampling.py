@@ -17,7 +17,9 @@ from hourglass_jax.model.decode.filters import check_sampling, sample_logits
 from hourglass_jax.model.decode.steps import check_cache_fits, decode_step, max_len_for, prefill, unbox_params
 
 MAX_DRAFT_TOKENS = 64  # proposals per pass: beyond a few dozen bytes almost none are kept
-FALLBACK_BELOW = 1.3  # tokens per target pass under which speculation stops (BENCHMARKS.md: what a pass costs)
+# Tokens per target pass under which speculation stops: the cheapest batch-1 pass measured on 2 CPU cores costs
+# 1.6 plain steps (BENCHMARKS.md, speculative decoding); where a pass costs less, pass a lower fallback_below.
+FALLBACK_BELOW = 1.6
 FALLBACK_WARMUP = 8  # passes before that is judged
 
 
