@@ -7,12 +7,12 @@ trained as long on the same text. Missing runs are trained first, into --workdir
 
 Each case (corpus x batch x temperature) generates --new_tokens bytes after prompts of --prompt_bytes bytes from
 the validation split: plain cached decoding, then each draft at --draft_tokens proposals per pass, all compiled
-first and timed interleaved (plain, ngram, model, plain, ...) for --rounds rounds; the medians count. Greedy runs
-also check that speculation gave the plain tokens. The fallback to plain decoding is off here (fallback_below 0),
-so the figures show what speculation itself does; `seconds per pass` / `seconds per plain step` is the cost a
-pass must repay, which sets sampling.FALLBACK_BELOW.
+first and timed interleaved (plain, ngram, model, plain, ...) for --rounds rounds; speed-ups are medians of the
+rounds' paired ratios. Greedy runs also check that speculation gave the plain tokens. Each draft runs with the fallback to plain decoding off
+(fallback_below 0: speculation itself) and with generate()'s defaults. `seconds per pass` / `seconds per plain
+step` is the cost a pass must repay, which sets sampling.FALLBACK_BELOW.
 
-  .venv/bin/python benchmarks/speculative.py [--steps 3000] [--batches 1,16] [--rounds 5]
+  .venv/bin/python benchmarks/speculative.py [--steps 3000] [--batches 1,16] [--rounds 7]
 
 Writes benchmarks/results/speculative.json and .md; BENCHMARKS.md shows the .md (make bench-report).
 """
@@ -49,7 +49,7 @@ def parse_args(argv=None):
   parser.add_argument("--draft_tokens", type=int, default=4)
   parser.add_argument("--prompt_bytes", type=int, default=64)
   parser.add_argument("--new_tokens", type=int, default=160)
-  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--model", default="", help="target overrides of configs/default.py, e.g. d_model=32")
   parser.add_argument("--draft_model", default="", help="draft overrides of the vanilla 2@1, e.g. d_model=16")
   parser.add_argument("--seq_len", type=int, default=0, help="training length (0: configs/default.py's 256)")
@@ -98,12 +98,13 @@ def case(corpus: str, target, draft_model, batch: int, temperature: float, args)
   """One corpus x batch x temperature: the timings and tokens per pass of plain and each draft."""
   model_cfg, params, cfg = target
   prompt_BxP = prompts(cfg, batch, args.prompt_bytes)
-  runs = {"plain": {}, "ngram": dict(draft="ngram"),
-          "model": dict(draft=drafts.Model(draft_model[0]), draft_params=draft_model[1])}
+  drafted = {"ngram": dict(draft="ngram"),
+             "model": dict(draft=drafts.Model(draft_model[0]), draft_params=draft_model[1])}
+  runs = {"plain": {}, **{name: dict(d, fallback_below=0) for name, d in drafted.items()},
+          **{f"{name} defaults": dict(d, fallback_below=None) for name, d in drafted.items()}}
   outputs, calls = {}, {}
   for name, speculation in runs.items():
-    extra = dict(speculation, draft_tokens=args.draft_tokens, fallback_below=0, return_stats=True) \
-        if speculation else {}
+    extra = dict(speculation, draft_tokens=args.draft_tokens, return_stats=True) if speculation else {}
     generate = lambda extra=extra: sampling.generate(params, model_cfg, prompt_BxP, max_new_tokens=args.new_tokens,
                                                      rng=0, temperature=temperature, **extra)
     begin = time.perf_counter()
@@ -118,10 +119,14 @@ def case(corpus: str, target, draft_model, batch: int, temperature: float, args)
   for name in ("ngram", "model"):
     tokens, stats = outputs[name]
     seconds = common.median(timed["times"][name])
-    row[name] = dict(seconds=seconds, tokens_per_s=batch * args.new_tokens / seconds, speedup=plain_s / seconds,
-                     paired_speedups=common.paired_ratios(timed["times"]["plain"], timed["times"][name]),
+    paired = common.paired_ratios(timed["times"]["plain"], timed["times"][name])
+    row[name] = dict(seconds=seconds, tokens_per_s=batch * args.new_tokens / seconds, speedup=common.median(paired),
+                     paired_speedups=paired,
                      tokens_per_pass=stats.tokens_per_pass, passes=int(stats.passes),
-                     seconds_per_pass_over_step=(seconds / int(stats.passes)) / (plain_s / (args.new_tokens - 1)))
+                     seconds_per_pass_over_step=(seconds / int(stats.passes)) / (plain_s / (args.new_tokens - 1)),
+                     defaults_speedup=common.median(common.paired_ratios(timed["times"]["plain"],
+                                                                         timed["times"][f"{name} defaults"])),
+                     defaults_fell_back_at=int(outputs[f"{name} defaults"][1].fell_back_at))
     if temperature == 0:
       row[name]["same_tokens_as_plain"] = bool(np.array_equal(np.asarray(tokens), np.asarray(outputs["plain"])))
   print(f"  -> plain {row['plain_tokens_per_s']:,.0f} tok/s; " + "; ".join(
@@ -171,14 +176,15 @@ def battery_rows(cfg, batches, dry_run: bool, seconds_left: float) -> list[dict]
 def markdown(record: dict) -> str:
   args = record["args"]
   lines = [f"# Speculative decoding\n",
-           f"Targets: configs/default.py (`2@1 4@3 2@1`, d 128, 1.65M parameters) trained {args['steps']} steps per "
-           f"corpus; draft model: vanilla `2@1`, d 64, trained as long. {args['prompt_bytes']}-byte prompts from the "
+           f"Target: configs/default.py's model (1.65M parameters); draft model: vanilla `2@1`, d 64; each trained "
+           f"{args['steps']} steps per corpus. {args['prompt_bytes']}-byte prompts from the "
            f"validation split, {args['new_tokens']} new bytes, {args['draft_tokens']} proposals per pass, medians of "
-           f"{args['rounds']} interleaved rounds, fallback to plain decoding off. Each draft's cell: new bytes per "
-           "pass of the target (plain decoding: 1), speed-up (plain time / speculative time), cost of a pass in plain "
-           "steps (seconds per pass / seconds per plain step, draft included).\n",
+           f"{args['rounds']} interleaved rounds. Each draft's cell, fallback off: new bytes per pass of the "
+           "target, speed-up (plain time / speculative time), a pass's cost in plain steps (draft included); then "
+           "the speed-up with generate()'s defaults (fallback_below None).\n",
            "| corpus | batch | temperature | plain bytes/s | ngram | model | load |", "|---|---:|---:|---:|---|---|---:|"]
-  cell = lambda r: f"{r['tokens_per_pass']:.2f}, {r['speedup']:.2f}x, {r['seconds_per_pass_over_step']:.2f}"
+  cell = lambda r: (f"{r['tokens_per_pass']:.2f}, {r['speedup']:.2f}x, {r['seconds_per_pass_over_step']:.2f}; "
+                    f"{r['defaults_speedup']:.2f}x")
   for row in record["rows"]:
     lines.append(f"| {row['corpus']} | {row['batch']} | {row['temperature']:g} | {row['plain_tokens_per_s']:,.0f} | "
                  f"{cell(row['ngram'])} | {cell(row['model'])} | {max(row['loads']):.1f} |")

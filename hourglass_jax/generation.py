@@ -55,7 +55,8 @@ class Generated:
 
 def generate_on_mesh(params, param_shardings, cfg: ModelConfig, prompts_NxP, mesh: jax.sharding.Mesh, rules, *,
                      max_new_tokens: int, seed: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                     end_token: int | None = None, draft=None, draft_params=None, draft_tokens: int = 4) -> Generated:
+                     end_token: int | None = None, draft=None, draft_params=None, draft_tokens: int = 4,
+                     fallback_below: float | None = None) -> Generated:
   """`sampling.generate` for host prompts [N, P] with params sharded as `param_shardings` on `mesh` (`rules`: the
   logical axis rules, for the batch sharding); a draft model's `draft_params` are replicated. Call it on every
   process with the same arguments."""
@@ -73,7 +74,8 @@ def generate_on_mesh(params, param_shardings, cfg: ModelConfig, prompts_NxP, mes
   def run(params, draft_params, prompt_BxP, rng):
     return sampling.generate(params, cfg, prompt_BxP, max_new_tokens=max_new_tokens, rng=rng,
                              temperature=temperature, top_k=top_k, top_p=top_p, end_token=end_token, draft=draft,
-                             draft_params=draft_params, draft_tokens=draft_tokens, return_stats=speculating)
+                             draft_params=draft_params, draft_tokens=draft_tokens, fallback_below=fallback_below,
+                             return_stats=speculating)
 
   with jax.set_mesh(mesh):
     lo, hi = sharding.process_rows(batch_sharding, rows, padded.shape[1:])

@@ -101,7 +101,7 @@ def test_generate_refuses_what_the_cli_refuses(settings, message):
     (dict(draft="model"), r"draft='model' is not a draft name; use one of ngram, or drafts.Model\(cfg\)"),
     (dict(draft="ngram", draft_tokens=0), r"draft_tokens=0 must be an integer in \[1, 64\]"),
     (dict(draft="ngram", draft_tokens=65), r"draft_tokens=65 must be an integer in \[1, 64\]"),
-    (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be a number in \[0, draft_tokens \+ 1 = 5\]"),
+    (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be None or a number in \[0, draft_tokens \+ 1 = 5\]"),
     (dict(draft=drafts.Model(small_config(vocab_size=60)), draft_params={}),
      r"the draft model's vocab_size=60 differs from the target's 50"),
     (dict(return_stats=True), r"return_stats=True reports speculative decoding; pass a draft"),

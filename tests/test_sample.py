@@ -120,24 +120,31 @@ def test_sample_command_reports_bad_input_without_a_traceback(text_run):
 
 def test_speculative_sampling_gives_the_plain_samples_with_any_draft(text_run, tmp_path):
   """--draft=ngram and --draft=a workdir (here the run itself, whose proposals are always kept) give greedy decoding's
-  tokens; the run reports its tokens per pass; an export drafts as its workdir does."""
+  tokens; the run reports its tokens per pass; an export drafts as its workdir does. By default 2 samples on a CPU
+  decode plainly, and the report says so."""
   greedy = dict(TEXT, temperature=0.0, num_samples=2)
   plain = sample(tiny_config(), text_run, SampleOptions(**greedy), log=quiet)
   lines = []
   for draft in ("ngram", str(text_run)):
-    result = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=draft, draft_tokens=3), log=lines.append)
+    result = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=draft, draft_tokens=3, fallback_below=0),
+                    log=lines.append)
     np.testing.assert_array_equal(result["tokens"], plain["tokens"], err_msg=draft)
   # The run drafting for itself keeps all 3 proposals of every pass: 23 tokens after the prefill's in 6 passes.
   assert "3.83 tokens per pass of the model, 36 proposals kept over 6 passes" in lines[-1], lines[-1]
   export_params(text_run, tmp_path / "export", log=quiet)
-  exported = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=str(tmp_path / "export")), log=quiet)
+  exported = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=str(tmp_path / "export"), fallback_below=0),
+                    log=quiet)
   np.testing.assert_array_equal(exported["tokens"], plain["tokens"])
+  default = sample(tiny_config(), text_run, SampleOptions(**greedy, draft="ngram"), log=lines.append)
+  np.testing.assert_array_equal(default["tokens"], plain["tokens"])
+  assert "(ngram, 4 proposals per pass): off, plain decoding: for batches > 1 on a CPU" in lines[-1], lines[-1]
 
 
 @pytest.mark.parametrize("options, match", [
     (dict(draft="nowhere"), r"--draft=nowhere is neither a draft name \(ngram\) nor an export folder"),
     (dict(draft="ngram", draft_tokens=0), r"draft_tokens=0 must be in 1..64"),
     (dict(draft="ngram", draft_tokens=10 ** 6), r"draft_tokens=1000000 must be in 1..64"),
+    (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be in \[0, draft_tokens \+ 1 = 5\]"),
 ])
 def test_bad_drafts_are_refused_before_anything_compiles(text_run, options, match):
   with pytest.raises(ValueError, match=match):

@@ -28,6 +28,10 @@ PROMPT = 4  # test_decode's greedy generation shapes: TOKENS[:, :4], LENGTH - 4 
 
 
 def greedy(cfg, params, **speculation):
+  """Greedy generation of test_decode's shapes; with a draft it speculates at every batch (fallback_below 0) unless
+  told otherwise."""
+  if speculation.get("draft") is not None:
+    speculation.setdefault("fallback_below", 0)
   return sampling.generate(params, cfg, TOKENS[:, :PROMPT], max_new_tokens=LENGTH - PROMPT, rng=0, temperature=0.0,
                            **speculation)
 
@@ -95,6 +99,24 @@ def test_end_tokens_and_the_fallback_to_plain_decoding_keep_the_plain_tokens():
   assert int(spec.fell_back_at) == sampling.FALLBACK_WARMUP or int(spec.passes) < sampling.FALLBACK_WARMUP
 
 
+def test_by_default_a_batch_of_one_speculates_and_larger_batches_on_a_cpu_decode_plainly():
+  """generate's default fallback_below: speculation at batch 1; for batches > 1 on a CPU, where a pass costs more
+  plain steps than it can give tokens, plain decoding from the start, which the stats say (no pass, fell back at 0)."""
+  cfg = KINDS["hourglass"]
+  _, params = model_and_params(cfg)
+  plain = np.asarray(greedy(cfg, params))
+  tokens, spec = greedy(cfg, params, draft="ngram", fallback_below=None, return_stats=True)
+  np.testing.assert_array_equal(tokens, plain)
+  off = jax.default_backend() == "cpu"
+  assert sampling.speculation_pays(len(plain)) is not off and sampling.speculation_pays(1)
+  assert (int(spec.passes) == 0 and int(spec.fell_back_at) == 0) is off and spec.tokens_per_pass >= 1
+  np.testing.assert_array_equal(spec.generated_B, LENGTH - PROMPT)
+  one, spec = sampling.generate(params, cfg, TOKENS[:1, :PROMPT], max_new_tokens=LENGTH - PROMPT, rng=0,
+                                temperature=0.0, draft="ngram", return_stats=True)
+  np.testing.assert_array_equal(one, plain[:1])
+  assert 0 < int(spec.passes) < LENGTH - PROMPT
+
+
 def test_the_ngram_draft_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
   seq = jnp.asarray([[1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3, 0, 0], [7, 7, 7, 7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0],
                      [5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
@@ -148,7 +170,7 @@ def test_speculative_samples_follow_the_target_distribution(draft_name, filters)
   draft, draft_params = (draft_name, None) if draft_name == "ngram" else draft_of(cfg)
   sample = lambda seed: np.asarray(sampling.generate(
       params, cfg, np.tile(PATTERN, (ROWS, 1)), max_new_tokens=3, rng=seed, draft=draft, draft_params=draft_params,
-      draft_tokens=2, **filters))
+      draft_tokens=2, fallback_below=0, **filters))
   tokens = sample(11)
   np.testing.assert_array_equal(tokens, sample(11))  # a fixed seed gives a fixed sample
   first_V, second_VxV, third_V = exact_distributions(cfg, params, filters)

@@ -29,7 +29,8 @@ class SampleOptions:
   max_len: the longest context to decode, None = data.seq_len (the trained one); end_byte: stop a text sample
   after this byte (None = never); output: the PNG path for images (None = WORKDIR/samples/images_stepN.png);
   draft: speculative decoding's draft, 'ngram' or the workdir or export of a smaller model with the same
-  vocabulary (None = plain decoding), proposing draft_tokens tokens per pass."""
+  vocabulary (None = plain decoding), proposing draft_tokens tokens per pass; fallback_below: sampling.generate's
+  (None: its default, plain decoding from the start where speculation cannot pay)."""
   prompt: bytes = b""
   num_samples: int = 4
   max_new_tokens: int | None = None
@@ -44,6 +45,7 @@ class SampleOptions:
   output: str | None = None
   draft: str | None = None
   draft_tokens: int = 4
+  fallback_below: float | None = None
 
 
 SEEDS = (-2**63, 2**63)  # jax.random.key takes a 64-bit integer
@@ -67,6 +69,9 @@ def check_options(options: SampleOptions, vocab_size: int) -> None:
        f"is outside the vocabulary 0..{vocab_size - 1}"),
       ("draft_tokens", options.draft_tokens, 1 <= options.draft_tokens <= sampling.MAX_DRAFT_TOKENS,
        f"must be in 1..{sampling.MAX_DRAFT_TOKENS} (proposals per pass; 4-8 is typical)"),
+      ("fallback_below", options.fallback_below, options.fallback_below is None or
+       0 <= options.fallback_below <= options.draft_tokens + 1,
+       f"must be in [0, draft_tokens + 1 = {options.draft_tokens + 1}] (tokens per pass; 0 = never fall back)"),
   )
   for name, value, fine, rule in problems:
     if not fine:
@@ -232,7 +237,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
       params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
       seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
       end_token=options.end_byte if shape is None else None, draft=draft, draft_params=draft_params,
-      draft_tokens=options.draft_tokens)
+      draft_tokens=options.draft_tokens, fallback_below=options.fallback_below)
   tokens, seconds, compiled = generated.tokens, generated.seconds, generated.compile_seconds
   log(f"step {step}: {options.num_samples} samples x {new} tokens in {seconds:.2f}s "
       f"({options.num_samples * new / seconds:,.0f} tokens/s with the KV cache; compiled in {compiled:.1f}s, "
@@ -248,12 +253,15 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
 
 def speculation_line(stats, options: SampleOptions) -> str:
   """What speculative decoding did, in one line."""
-  fell = int(stats.fell_back_at)
-  end = (f"; below {sampling.FALLBACK_BELOW} tokens per pass, it fell back to plain decoding after {fell} passes"
-         if fell >= 0 else "")
-  return (f"speculative decoding ({options.draft}, {options.draft_tokens} proposals per pass): "
-          f"{stats.tokens_per_pass:.2f} tokens per pass of the model, {int(stats.kept_B.sum()):,} proposals kept "
-          f"over {int(stats.passes):,} passes{end}")
+  head = f"speculative decoding ({options.draft}, {options.draft_tokens} proposals per pass)"
+  fell, passes = int(stats.fell_back_at), int(stats.passes)
+  if fell == 0 and passes == 0:
+    return (f"{head}: off, plain decoding: for batches > 1 on a CPU a pass of the model costs more plain steps "
+            "than it can give tokens (docs/generation.md; --fallback_below=0 speculates anyway)")
+  below = sampling.FALLBACK_BELOW if options.fallback_below is None else options.fallback_below
+  end = f"; below {below:g} tokens per pass, it fell back to plain decoding after {fell} passes" if fell >= 0 else ""
+  return (f"{head}: {stats.tokens_per_pass:.2f} tokens per pass of the model, {int(stats.kept_B.sum()):,} proposals "
+          f"kept over {passes:,} passes{end}")
 
 
 def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log) -> dict:

@@ -26,6 +26,9 @@ _DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (the same samp
                              "and the text so far) or the workdir or export folder of a smaller model with the same "
                              "vocabulary.")
 _DRAFT_TOKENS = flags.DEFINE_integer("draft_tokens", 4, "Speculative decoding: tokens the draft proposes per pass.")
+_FALLBACK_BELOW = flags.DEFINE_float("fallback_below", None, "Speculative decoding: tokens per pass under which the "
+                                     "rest is plain decoding (0 = never; default 1.6, what a batch-1 pass costs in "
+                                     "plain steps on a CPU, and plain decoding for batches > 1 on a CPU).")
 
 
 def _log(message: str) -> None:
@@ -48,7 +51,7 @@ def run(cfg, workdir: str, split: str | None) -> dict:
                           temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value, seed=_SEED.value,
                           end_byte=_END_BYTE.value, prompt_rows=_PROMPT_ROWS.value, split=split,
                           max_len=_MAX_LEN.value, output=_OUTPUT.value, draft=_DRAFT.value,
-                          draft_tokens=_DRAFT_TOKENS.value)
+                          draft_tokens=_DRAFT_TOKENS.value, fallback_below=_FALLBACK_BELOW.value)
   result = sample(cfg, workdir, options, log=_log)
   for i, text in enumerate(result.get("texts", [])):
     _log(f"--- sample {i} ---")

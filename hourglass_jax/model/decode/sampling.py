@@ -17,10 +17,18 @@ from hourglass_jax.model.decode.filters import check_sampling, sample_logits
 from hourglass_jax.model.decode.steps import check_cache_fits, decode_step, max_len_for, prefill, unbox_params
 
 MAX_DRAFT_TOKENS = 64  # proposals per pass: beyond a few dozen bytes almost none are kept
-# Tokens per target pass under which speculation stops: the cheapest batch-1 pass measured on 2 CPU cores costs
-# 1.6 plain steps (BENCHMARKS.md, speculative decoding); where a pass costs less, pass a lower fallback_below.
+# What a pass of the model costs in plain steps, measured on 2 CPU cores (BENCHMARKS.md, speculative decoding): 1.6
+# to 2.0 at batch 1, 6 to 8.6 at batch 16, where a CPU step is bound by arithmetic and a pass does K + 1 tokens of it
+# per row. Speculation stops below FALLBACK_BELOW tokens per pass, the cheapest batch-1 pass; where a pass costs
+# less (a GPU at batch 1, bound by reading the weights), pass a lower fallback_below.
 FALLBACK_BELOW = 1.6
 FALLBACK_WARMUP = 8  # passes before that is judged
+
+
+def speculation_pays(batch: int) -> bool:
+  """Whether speculation can beat plain decoding by default: not for batches > 1 on a CPU, where a pass costs more
+  plain steps than the K + 1 tokens it can give."""
+  return batch == 1 or jax.default_backend() != "cpu"
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p"))
@@ -86,7 +94,7 @@ def _draft(draft, draft_params, cfg: ModelConfig) -> Draft | None:
 
 def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, end_token: int | None = None, draft=None, draft_params=None,
-             draft_tokens: int = 4, fallback_below: float = FALLBACK_BELOW, return_stats: bool = False):
+             draft_tokens: int = 4, fallback_below: float | None = None, return_stats: bool = False):
   """Samples `max_new_tokens` tokens after each prompt row with the cache; returns them, int32 [B, max_new_tokens].
 
   One jit-compiled program: a parallel prefill, then a lax.while_loop that stops once every row has produced
@@ -99,8 +107,10 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
 
   Speculative decoding (speculative.py): `draft` 'ngram' (prompt lookup) or `drafts.Model(draft_cfg)` with its
   `draft_params` proposes `draft_tokens` tokens per pass, which the model checks in one pass; the output follows
-  this model's distribution exactly (greedy: its greedy tokens). Below `fallback_below` tokens per pass (after a few
-  passes) the rest is plain decoding. `return_stats` returns (tokens, speculative.Stats) instead.
+  this model's distribution exactly (greedy: its greedy tokens). Below `fallback_below` tokens per pass (after
+  FALLBACK_WARMUP passes) the rest is plain decoding (0: never). None: FALLBACK_BELOW, and plain decoding from the
+  start where speculation cannot pay (`speculation_pays`: batches > 1 on a CPU; the stats say so, fell_back_at 0
+  with no pass). `return_stats` returns (tokens, speculative.Stats) instead.
   """
   if params is None:
     raise ValueError("params is None; pass the model's params (from module.init, weights.load_params or a "
@@ -119,16 +129,19 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
   batch, length = prompt_BxP.shape
   options = dict(cfg=cfg, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
                  top_p=float(top_p))
-  if draft is None:
+  if draft is None and return_stats:
+    raise ValueError("return_stats=True reports speculative decoding; pass a draft (e.g. draft='ngram').")
+  if draft is not None:
+    draft_tokens = _count("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
+    if fallback_below is not None and (isinstance(fallback_below, bool) or not isinstance(
+        fallback_below, numbers.Real) or not 0 <= fallback_below <= draft_tokens + 1):
+      raise ValueError(f"fallback_below={fallback_below!r} must be None or a number in [0, draft_tokens + 1 = "
+                       f"{draft_tokens + 1}] (tokens per pass; 0 never falls back).")
+  if draft is None or (fallback_below is None and not speculation_pays(batch)):
     check_cache_fits(cfg, batch, max_len_for(cfg, length + max_new_tokens - 1), "max_new_tokens")
-    if return_stats:
-      raise ValueError("return_stats=True reports speculative decoding; pass a draft (e.g. draft='ngram').")
-    return _generate(unbox_params(params), prompt_BxP, key, end, **options)
-  draft_tokens = _count("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
-  if isinstance(fallback_below, bool) or not isinstance(fallback_below, numbers.Real) or \
-      not 0 <= fallback_below <= draft_tokens + 1:
-    raise ValueError(f"fallback_below={fallback_below!r} must be a number in [0, draft_tokens + 1 = "
-                     f"{draft_tokens + 1}] (tokens per pass; 0 never falls back).")
+    tokens = _generate(unbox_params(params), prompt_BxP, key, end, **options)
+    return (tokens, speculative.Stats.plain(tokens, end)) if return_stats else tokens
+  fallback_below = FALLBACK_BELOW if fallback_below is None else fallback_below
   check_cache_fits(cfg, batch, max_len_for(cfg, length + max_new_tokens + draft_tokens), "max_new_tokens")
   tokens, stats = speculative.speculate(
       unbox_params(params), None if draft_params is None else unbox_params(draft_params), prompt_BxP, key, end,

@@ -62,8 +62,18 @@ class Stats:
 
   @property
   def tokens_per_pass(self) -> float:
-    """Mean over rows of tokens generated per target pass (the prefill's first token excluded)."""
-    return float(jnp.mean(self.generated_B - 1) / jnp.maximum(self.passes, 1))
+    """Mean over rows of tokens generated per target pass (the prefill's first token excluded); 1 when no pass
+    speculated."""
+    if int(self.passes) == 0:
+      return 1.0
+    return float(jnp.mean(self.generated_B - 1) / self.passes)
+
+  @classmethod
+  def plain(cls, tokens_BxN, end_token) -> "Stats":
+    """The stats of plain decoding from the start (speculation could not pay): no pass, fell back at 0."""
+    ended_BxN = tokens_BxN == end_token
+    generated_B = jnp.where(jnp.any(ended_BxN, axis=1), jnp.argmax(ended_BxN, axis=1) + 1, tokens_BxN.shape[1])
+    return cls(jnp.int32(0), generated_B.astype(jnp.int32), jnp.zeros_like(generated_B, jnp.int32), jnp.int32(0))
 
 
 jax.tree_util.register_dataclass(Stats, data_fields=["passes", "generated_B", "kept_B", "fell_back_at"],
