@@ -1,6 +1,7 @@
 """Workdirs and data dirs that may be local folders or bucket URLs (gs://, s3://): etils.epath, as Orbax and TFDS
 use. pathlib would collapse 'gs://bucket/run' to 'gs:/bucket/run', a local folder."""
 
+import errno
 import importlib.util
 import os
 import socket
@@ -136,3 +137,12 @@ def remove_empty_folders(root) -> None:
       os.rmdir(folder)
     except OSError:
       pass
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+  """Whether `error`, or an exception it was raised from or during, is ENOSPC (Orbax and TensorStore wrap it)."""
+  while error is not None:
+    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False

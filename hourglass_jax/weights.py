@@ -97,9 +97,7 @@ def _write_atomically(out, files: dict[str, bytes]) -> None:
     for temporary, _, _ in staged:
       with contextlib.suppress(OSError):
         temporary.unlink(missing_ok=True)
-    from hourglass_jax.train.checks import is_disk_full  # pylint: disable=import-outside-toplevel
-
-    if isinstance(error, OSError) and is_disk_full(error):
+    if isinstance(error, OSError) and paths.is_disk_full(error):
       raise OSError(f"disk full: writing the export to {out} failed (No space left on device); nothing of it was "
                     "kept (a previous export there is intact). Free disk space or pass another --output folder, "
                     "then rerun.") from error

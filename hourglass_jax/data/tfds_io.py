@@ -115,9 +115,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       raise FileNotFoundError(f"{name}: download failed ({error}). Put {files} in a folder and pass "
                               f"--manual_dir=FOLDER ({spec.needs}).") from error
     except Exception as error:  # TFDS and array_record report a full disk as RuntimeError, among others
-      from hourglass_jax.train.checks import is_disk_full  # pylint: disable=import-outside-toplevel
-
-      if not is_disk_full(error):
+      if not paths.is_disk_full(error):
         raise
       raise OSError(f"disk full: building {name} under {root} failed (No space left on device); the partial build "
                     "is not kept. Free disk space (or pass another --data_dir), then rerun.") from None

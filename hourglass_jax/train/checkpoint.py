@@ -26,7 +26,8 @@ from orbax.checkpoint import checkpoint_managers as policies
 from hourglass_jax import paths
 from hourglass_jax.train import integrity
 from hourglass_jax.train.checkpoint_record import check_same_function, config_record  # noqa: F401  (re-exported)
-from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
+from hourglass_jax.paths import is_disk_full
+from hourglass_jax.train.checks import DiskFullError, TrainError
 from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.state import TrainState
 

@@ -1,7 +1,6 @@
 """Everything checkable about a run before anything compiles: config keys and values, mesh, batch split."""
 
 import difflib
-import errno
 import math
 
 import ml_collections
@@ -19,15 +18,6 @@ class TrainError(RuntimeError):
 
 class DiskFullError(TrainError):
   """A write under the workdir failed for lack of space (hourglass-train exits with EXIT_DISK_FULL)."""
-
-
-def is_disk_full(error: BaseException | None) -> bool:
-  """Whether `error`, or an exception it was raised from or during, is ENOSPC (Orbax and TensorStore wrap it)."""
-  while error is not None:
-    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
 
 
 def check_known_keys(cfg: ml_collections.ConfigDict) -> None:

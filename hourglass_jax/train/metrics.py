@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
+from hourglass_jax.paths import is_disk_full
+from hourglass_jax.train.checks import DiskFullError, TrainError
 
 # Dense bf16 peak FLOP/s per JAX device (a TPU v2/v3 device is one core; v4 and later, one chip). First match wins.
 PEAK_FLOPS = (

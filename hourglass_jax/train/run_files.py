@@ -80,7 +80,8 @@ class MetricsLog:
         if time.monotonic() - self._flushed > _REMOTE_FLUSH_SECONDS:
           self._rewrite()
     except OSError as error:
-      from hourglass_jax.train.checks import DiskFullError, is_disk_full  # pylint: disable=import-outside-toplevel
+      from hourglass_jax.paths import is_disk_full  # pylint: disable=import-outside-toplevel
+      from hourglass_jax.train.checks import DiskFullError  # pylint: disable=import-outside-toplevel
 
       if not is_disk_full(error):
         raise

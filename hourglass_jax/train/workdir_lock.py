@@ -21,7 +21,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from hourglass_jax import paths
-from hourglass_jax.train.checks import DiskFullError, TrainError, is_disk_full
+from hourglass_jax.paths import is_disk_full
+from hourglass_jax.train.checks import DiskFullError, TrainError
 
 HEARTBEAT_SECONDS = 60.0
 STALE_SECONDS = 600.0
