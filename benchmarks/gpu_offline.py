@@ -23,7 +23,6 @@ import importlib.util
 import os
 import pathlib
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -140,28 +139,15 @@ def step_config(preset: str, variant: str, dry_run: bool, overrides: dict | None
 def compile_step(cfg, devices, as_gpu: bool):
   """(Trainer, compiled step, seconds, flash recorder): the train step of `cfg` for `devices`, tracing as on a GPU
   (jax.default_backend() reads 'gpu', so 'auto' picks cuDNN or the flash kernel) when `as_gpu`."""
-  import jax
-
   from hourglass_jax import sharding
-  from hourglass_jax.train.trainer import Trainer
-
   from hourglass_jax.ops import flash_dropout
+  from hourglass_jax.train.trainer import compile_ahead
 
-  real = jax.default_backend
-  if as_gpu:
-    jax.default_backend = lambda: "gpu"
   major = int(str(getattr(devices[0], "compute_capability", "9.0")).split(".")[0]) if as_gpu else None
-  try:
-    with FlashRecorder() as recorder, flash_dropout.use_blocks(flash_dropout.BLOCKS.get(
-        major, flash_dropout.DEFAULT_BLOCKS)):
-      mesh = sharding.make_mesh(cfg.mesh, devices[:1])
-      trainer = Trainer(cfg, mesh)
-      start = time.perf_counter()
-      with jax.set_mesh(mesh):
-        compiled = trainer.compile_train_step()
-      seconds = time.perf_counter() - start
-  finally:
-    jax.default_backend = real
+  with FlashRecorder() as recorder, flash_dropout.use_blocks(flash_dropout.BLOCKS.get(
+      major, flash_dropout.DEFAULT_BLOCKS)):
+    mesh = sharding.make_mesh(cfg.mesh, devices[:1])
+    trainer, compiled, seconds = compile_ahead(cfg, mesh, "gpu" if as_gpu else None)
   return trainer, compiled, seconds, recorder
 
 

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import sys
-import time
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -94,7 +93,7 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
 
   from hourglass_jax import sharding
   from hourglass_jax.train import metrics
-  from hourglass_jax.train.trainer import Trainer
+  from hourglass_jax.train.trainer import compile_ahead
 
   spec = describe_accelerator(accelerator)
   devices = _topology_devices(spec)
@@ -112,19 +111,13 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
     log(f"warning: on {accelerator}, this mesh gives host(s) {split} non-contiguous batch rows; the trainer's "
         "per-process data feed (sharding.process_rows) refuses that, so a real launch stops before compiling. "
         "Compiling anyway, feeding no data.")
-  real_backend, real_rows = jax.default_backend, sharding.process_rows
-  if tpu_attention:
-    jax.default_backend = lambda: "tpu"  # read by ops.attention when it resolves 'auto' at trace time
+  real_rows = sharding.process_rows
   if split:
     sharding.process_rows = lambda _, batch, __: (0, batch // spec["hosts"])  # only the data feed reads them
-  try:
-    trainer = Trainer(cfg, mesh)
-    start = time.perf_counter()
-    with jax.set_mesh(mesh):
-      compiled = trainer.compile_train_step()
-    seconds = time.perf_counter() - start
+  try:  # tpu_attention: 'auto' attention resolves at trace time as on a TPU
+    trainer, compiled, seconds = compile_ahead(cfg, mesh, "tpu" if tpu_attention else None)
   finally:
-    jax.default_backend, sharding.process_rows = real_backend, real_rows
+    sharding.process_rows = real_rows
   stats = compiled.memory_analysis()
   needed = metrics.memory_bytes(compiled)
   flops = metrics.cost_flops(compiled)

@@ -1,8 +1,10 @@
 """A config's compiled pieces on a mesh: `Evaluator` (model, parameter layout, batch sharding, eval splits, the
 jitted eval step: no optimizer, no train step, no train split) and `Trainer` (adds the train split, optimizer, state
-layout and the jitted train step)."""
+layout and the jitted train step); `compile_ahead` compiles a Trainer's step for a mesh that may have no devices
+(launch/aot_compile_tpu.py, benchmarks/gpu_offline.py)."""
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -98,3 +100,19 @@ class Trainer(Evaluator):
 
   def train_iterator(self):
     return pipeline.train_iterator(self.train_source, self.cfg.train.seed, self.batch_size, self.rows)
+
+
+def compile_ahead(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, backend: str | None = None):
+  """(Trainer, its train step compiled ahead of time, seconds) on `mesh`, which may be a deviceless topology's;
+  `backend` is what jax.default_backend() reads meanwhile, so attention='auto' resolves as on that accelerator."""
+  real = jax.default_backend
+  if backend:
+    jax.default_backend = lambda: backend
+  try:
+    trainer = Trainer(cfg, mesh)
+    start = time.perf_counter()
+    with jax.set_mesh(mesh):
+      compiled = trainer.compile_train_step()
+    return trainer, compiled, time.perf_counter() - start
+  finally:
+    jax.default_backend = real
