@@ -5,9 +5,9 @@ import math
 
 import ml_collections
 
-from hourglass_jax.config.base import base_config
 from hourglass_jax.data.sources import check_data_config
 from hourglass_jax.model.hourglass.dynamic.level import check_segments_in_window
+from hourglass_jax.train.run_config import base_config
 
 SCHEDULES = ("cosine", "rsqrt", "constant")
 
