@@ -105,6 +105,7 @@ def test_generate_refuses_what_the_cli_refuses(settings, message):
     (dict(draft=drafts.Model(small_config(vocab_size=60)), draft_params={}),
      r"the draft model's vocab_size=60 differs from the target's 50"),
     (dict(return_stats=True), r"return_stats=True reports speculative decoding; pass a draft"),
+    (dict(fallback_below=1.0), r"fallback_below=1.0 applies to speculative decoding; pass a draft"),
 ])
 def test_generate_names_the_argument_at_fault(settings, message):
   """Issue 55 and 53: every argument of generate is checked up front, with its valid range."""

@@ -145,6 +145,7 @@ def test_speculative_sampling_gives_the_plain_samples_with_any_draft(text_run, t
     (dict(draft="ngram", draft_tokens=0), r"draft_tokens=0 must be in 1..64"),
     (dict(draft="ngram", draft_tokens=10 ** 6), r"draft_tokens=1000000 must be in 1..64"),
     (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be in \[0, draft_tokens \+ 1 = 5\]"),
+    (dict(fallback_below=1.0), r"fallback_below=1.0 applies to speculative decoding only; pass --draft"),
 ])
 def test_bad_drafts_are_refused_before_anything_compiles(text_run, options, match):
   with pytest.raises(ValueError, match=match):

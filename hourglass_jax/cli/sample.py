@@ -72,6 +72,8 @@ def check_options(options: SampleOptions, vocab_size: int) -> None:
       ("fallback_below", options.fallback_below, options.fallback_below is None or
        0 <= options.fallback_below <= options.draft_tokens + 1,
        f"must be in [0, draft_tokens + 1 = {options.draft_tokens + 1}] (tokens per pass; 0 = never fall back)"),
+      ("fallback_below", options.fallback_below, options.fallback_below is None or options.draft is not None,
+       "applies to speculative decoding only; pass --draft (e.g. --draft=ngram) or leave it unset"),
   )
   for name, value, fine, rule in problems:
     if not fine:

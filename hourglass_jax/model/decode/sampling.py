@@ -129,8 +129,9 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
   batch, length = prompt_BxP.shape
   options = dict(cfg=cfg, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
                  top_p=float(top_p))
-  if draft is None and return_stats:
-    raise ValueError("return_stats=True reports speculative decoding; pass a draft (e.g. draft='ngram').")
+  if draft is None and (return_stats or fallback_below is not None):
+    what = "return_stats=True reports" if return_stats else f"fallback_below={fallback_below!r} applies to"
+    raise ValueError(f"{what} speculative decoding; pass a draft (e.g. draft='ngram').")
   if draft is not None:
     draft_tokens = _count("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
     if fallback_below is not None and (isinstance(fallback_below, bool) or not isinstance(
