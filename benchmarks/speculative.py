@@ -8,9 +8,9 @@ trained as long on the same text. Missing runs are trained first, into --workdir
 Each case (corpus x batch x temperature) generates --new_tokens bytes after prompts of --prompt_bytes bytes from
 the validation split: plain cached decoding, then each draft at --draft_tokens proposals per pass, all compiled
 first and timed interleaved (plain, ngram, model, plain, ...) for --rounds rounds; speed-ups are medians of the
-rounds' paired ratios. Greedy runs also check that speculation gave the plain tokens. Each draft runs with the fallback to plain decoding off
-(fallback_below 0: speculation itself) and with generate()'s defaults. `seconds per pass` / `seconds per plain
-step` is the cost a pass must repay, which sets sampling.FALLBACK_BELOW.
+rounds' paired ratios. Greedy runs also check that speculation gave the plain tokens. Each draft runs with the
+fallback to plain decoding off (fallback_below 0: speculation itself) and with generate()'s defaults. `seconds
+per pass` / `seconds per plain step` is the cost a pass must repay, which sets sampling.FALLBACK_BELOW.
 
   .venv/bin/python benchmarks/speculative.py [--steps 3000] [--batches 1,16] [--rounds 7]
 
@@ -116,22 +116,21 @@ def case(corpus: str, target, draft_model, batch: int, temperature: float, args)
   plain_s = common.median(timed["times"]["plain"])
   row = dict(corpus=corpus, batch=batch, temperature=temperature, plain_seconds=plain_s,
              plain_tokens_per_s=batch * args.new_tokens / plain_s, loads=timed["loads"])
+  paired = lambda name: common.paired_ratios(timed["times"]["plain"], timed["times"][name])
   for name in ("ngram", "model"):
     tokens, stats = outputs[name]
     seconds = common.median(timed["times"][name])
-    paired = common.paired_ratios(timed["times"]["plain"], timed["times"][name])
-    row[name] = dict(seconds=seconds, tokens_per_s=batch * args.new_tokens / seconds, speedup=common.median(paired),
-                     paired_speedups=paired,
+    row[name] = dict(seconds=seconds, tokens_per_s=batch * args.new_tokens / seconds,
+                     speedup=common.median(paired(name)), paired_speedups=paired(name),
                      tokens_per_pass=stats.tokens_per_pass, passes=int(stats.passes),
                      seconds_per_pass_over_step=(seconds / int(stats.passes)) / (plain_s / (args.new_tokens - 1)),
-                     defaults_speedup=common.median(common.paired_ratios(timed["times"]["plain"],
-                                                                         timed["times"][f"{name} defaults"])),
+                     defaults_speedup=common.median(paired(f"{name} defaults")),
                      defaults_fell_back_at=int(outputs[f"{name} defaults"][1].fell_back_at))
     if temperature == 0:
       row[name]["same_tokens_as_plain"] = bool(np.array_equal(np.asarray(tokens), np.asarray(outputs["plain"])))
   print(f"  -> plain {row['plain_tokens_per_s']:,.0f} tok/s; " + "; ".join(
-      f"{name} {row[name]['tokens_per_pass']:.2f} tok/pass, {row[name]['speedup']:.2f}x" for name in ("ngram", "model")),
-      flush=True)
+      f"{name} {row[name]['tokens_per_pass']:.2f} tok/pass, {row[name]['speedup']:.2f}x"
+      for name in ("ngram", "model")), flush=True)
   return row
 
 
@@ -182,7 +181,8 @@ def markdown(record: dict) -> str:
            f"{args['rounds']} interleaved rounds. Each draft's cell, fallback off: new bytes per pass of the "
            "target, speed-up (plain time / speculative time), a pass's cost in plain steps (draft included); then "
            "the speed-up with generate()'s defaults (fallback_below None).\n",
-           "| corpus | batch | temperature | plain bytes/s | ngram | model | load |", "|---|---:|---:|---:|---|---|---:|"]
+           "| corpus | batch | temperature | plain bytes/s | ngram | model | load |",
+           "|---|---:|---:|---:|---|---|---:|"]
   cell = lambda r: (f"{r['tokens_per_pass']:.2f}, {r['speedup']:.2f}x, {r['seconds_per_pass_over_step']:.2f}; "
                     f"{r['defaults_speedup']:.2f}x")
   for row in record["rows"]:
