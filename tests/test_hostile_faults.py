@@ -695,3 +695,22 @@ def test_the_summaries_file_has_an_unpredictable_name(tmp_path):
       writer.scalars(1, {"loss": 1.0})
   names = sorted(p.name for p in tmp_path.iterdir())
   assert len(names) == 2 and all(re.fullmatch(r"events\.out\.tfevents\.\d+\..+\.[0-9a-f]{8}", n) for n in names)
+
+
+@pytest.mark.parametrize("name", ["6", "6.orbax-checkpoint-tmp"])
+def test_a_link_where_orbax_writes_a_checkpoint_is_refused_in_one_line(tmp_path, name):
+  """Issue 64: a link at a step's folder or its temporary one (Orbax's names) made Orbax fail in hundreds of lines
+  of tracebacks naming no cause; it is refused naming the link, when checkpoints open for writing and before each
+  save (a link planted while the run trains)."""
+  victim = _victim(tmp_path)
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "checkpoints" / name).symlink_to(victim.parent)
+  message = rf"^{tmp_path}/checkpoints/{name} is a symbolic link \(to {victim.parent}\), not a checkpoint folder"
+  with pytest.raises(files.RefusedPath, match=message):
+    Checkpoints(tmp_path / "checkpoints", log=quiet)
+  (tmp_path / "checkpoints" / name).unlink()
+  with Checkpoints(tmp_path / "checkpoints", log=quiet) as checkpoints:
+    (tmp_path / "checkpoints" / name).symlink_to(victim.parent)
+    with pytest.raises(files.RefusedPath, match=message):
+      checkpoints.save(6, None, {}, {})
+  _untouched(tmp_path, victim)

@@ -33,6 +33,7 @@ from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.state import TrainState
 
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
+_TMP = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step's folder while it is written
 UNVERIFIED_OVERRIDE = "--config.checkpoint.allow_unverified=True"
 
 
@@ -57,6 +58,8 @@ class Checkpoints:
   def __init__(self, directory, every_steps: int = 0, keep: int = 3, async_save: bool = True, log=print,
                read_only: bool = False):
     self.directory, self.log, self.read_only = paths.as_path(directory), log, read_only
+    if not read_only:
+      self._refuse_planted_links()
     save_policies = [policies.PreemptionCheckpointingPolicy()]
     if every_steps:
       save_policies.append(policies.FixedIntervalPolicy(every_steps))
@@ -117,6 +120,7 @@ class Checkpoints:
   def save(self, step: int, state: TrainState, data_state: dict, config: dict, force: bool = False) -> bool:
     """Starts an (async) save of `step`, recording `config` and the fingerprints restore verifies; a full disk
     (here, or in the previous save, still being written) raises DiskFullError, earlier checkpoints stay intact."""
+    self._refuse_planted_links(step)
     record = dict(config, fingerprints=integrity.array_fingerprints(state),
                   data_fingerprint=integrity.json_fingerprint(data_state))
     args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(
@@ -124,6 +128,16 @@ class Checkpoints:
     started = self._guard(step, lambda: self.manager.save(step, args=args, force=force, custom_metadata=record))
     self._pending = step if started else self._pending
     return started
+
+  def _refuse_planted_links(self, step: int | None = None) -> None:
+    """Raises RefusedPath for a symbolic link where Orbax writes or deletes: a step's folder or its temporary one
+    (`step`'s, or any in the folder; Orbax would write through it, or fail in tracebacks naming no cause)."""
+    if paths.is_remote(self.directory) or not os.path.isdir(self.directory):
+      return
+    for name in os.listdir(self.directory):
+      if (name == str(step) or name.startswith(f"{step}{_TMP}") if step is not None else
+          name.isdigit() or _TMP in name):
+        files.refuse_link(self.directory / name, "a checkpoint folder this program writes")
 
   def wait(self) -> None:
     """Blocks until pending saves are on disk."""
