@@ -99,7 +99,8 @@ def main():
 
   if "weights" not in flags.FLAGS:  # defined once per process (main may run again in the same one)
     flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.")
-    flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
+    flags.DEFINE_string("text", None, "The text to cut (UTF-8; required).")  # checked in run: a flag validator
+    # would outlive this command in its process and refuse any other absl command run there after it
     flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
                       "'gumbel' only: how evaluation decides (default: the model's own setting).")
   if "workdir" not in flags.FLAGS:  # hourglass_jax.cli.main defines it too, where it was imported
@@ -114,6 +115,8 @@ def main():
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     usage.quiet_logs()
+    if text.value is None:
+      raise app.UsageError("--text is required: the text to cut.")
     try:
       data = text.value.encode("utf-8")
     except UnicodeEncodeError:

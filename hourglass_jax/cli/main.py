@@ -8,7 +8,7 @@ import traceback
 from absl import app, flags
 from absl import logging as absl_logging
 
-from hourglass_jax import host_memory, paths
+from hourglass_jax import files, host_memory, paths
 from hourglass_jax.cli import usage
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
 from hourglass_jax.data.settings import DataSettings
@@ -130,7 +130,7 @@ def _train():
   def train():
     created[0] = paths.first_missing(_WORKDIR.value)
     _check_locations()
-    paths.as_path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)
+    files.make_folder(_WORKDIR.value)
     return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
   from hourglass_jax.train import preemption

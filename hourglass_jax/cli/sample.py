@@ -275,7 +275,7 @@ def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals
   path = paths.as_path(options.output or paths.as_path(workdir) / "samples" / f"images_step{step}.png")
   if jax.process_index() == 0:
     save_png_grid(grid, path, columns=options.num_samples if originals is not None else None,
-                  scale=max(1, 64 // shape[1]))
+                  scale=max(1, 64 // shape[1]), inside=None if options.output else workdir)
   what = "from scratch" if originals is None else (f"from their top {options.prompt_rows} rows (originals in the "
                                                    "last row)")
   log(f"wrote {len(images)} images completed {what} to {path}")

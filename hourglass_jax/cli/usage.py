@@ -34,7 +34,7 @@ SAMPLE = f"""hourglass-sample: generates from the workdir's newest checkpoint wi
 
 Example:
   .venv/bin/hourglass-sample --config=configs/default.py --workdir=workdirs/default --prompt='def ' --temperature=0.7
-  .venv/bin/hourglass-sample ... --draft=ngram --temperature=0   (speculative: same samples, faster on repetitive text)
+  .venv/bin/hourglass-sample ... --draft=ngram --temperature=0   (speculative: same tokens, faster on repetitive text)
 
 {_CONFIG_OVERRIDES}"""
 

@@ -2,7 +2,11 @@
 
 import dataclasses
 
+from hourglass_jax.data.catalog import SPLIT_ALIASES, SPLIT_NAMES
+from hourglass_jax.data.eval_windows import PROTOCOLS
 from hourglass_jax.settings import Section
+
+SPLITS = (*SPLIT_NAMES, *SPLIT_ALIASES)  # the split names and the configs' spellings of them
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -25,3 +29,10 @@ class DataSettings(Section):
   eval_protocol: str = "windows"
   eval_seq_len: int = 0
   eval_context: int = 0
+  NAME = "data"
+
+  def check_values(self) -> None:
+    self.at_least(1, "seq_len", "batch_size")
+    self.at_least(0, "train_stride", "eval_batches", "eval_seq_len", "eval_context")
+    self.choice("eval_split", SPLITS)
+    self.choice("eval_protocol", PROTOCOLS)

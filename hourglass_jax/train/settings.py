@@ -2,7 +2,15 @@
 
 import dataclasses
 
+import numpy as np
+
 from hourglass_jax.settings import Section
+
+SCHEDULES = ("cosine", "rsqrt", "constant")
+REMAT_POLICIES = ("nothing_saveable", "dots_saveable")  # the model's layer_config.REMAT_POLICIES but 'none'
+MAX_STEPS = 2**31 - 1  # the train state's step counter is int32
+SEEDS = 2**32  # grain's and numpy's seeds are unsigned 32-bit integers
+MIN_EPS = float(np.finfo(np.float32).tiny)  # Adam's eps in float32: a smaller one is 0 or denormal (flushed to 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,6 +38,26 @@ class TrainSettings(Section):
   eval_every: int = 200
   sample_bytes: int = 0
   peak_flops_per_device: float = 0.0
+  NAME = "train"
+
+  def check_values(self) -> None:
+    self.choice("schedule", SCHEDULES)
+    self.choice("remat_policy", REMAT_POLICIES)
+    self.at_least(1, "steps", "grad_accum_steps", "log_every")
+    self.below(MAX_STEPS + 1, "steps", "the step counter is a 32-bit integer")
+    self.at_least(0, "warmup_steps", "eval_every", "sample_bytes")
+    if not 0 <= self.seed < SEEDS:
+      raise ValueError(f"train.seed={self.seed} must be an integer in [0, 2**32 - 1]: the data order and the "
+                       "initialisation take an unsigned 32-bit seed.")
+    self.positive("learning_rate")
+    self.at_least(0, "weight_decay", "grad_clip_norm", "peak_flops_per_device")
+    for name, usual in (("b1", 0.9), ("b2", 0.98)):  # at 1, Adam's bias correction divides by 1 - 1 = 0
+      self.fraction(name, f"Adam's decay rate, usually {usual}", closed=False)
+    self.fraction("min_lr_ratio", "the cosine schedule's final fraction of learning_rate", closed=True)
+    if self.eps < MIN_EPS:
+      raise ValueError(f"train.eps={self.eps!r} must be > 0, and at least {MIN_EPS:.2g} (float32's smallest normal "
+                       "number): Adam divides by sqrt(v) + eps, and v is 0 for a parameter whose gradients have all "
+                       "been 0 so far, so the update would be NaN. 1e-8 or 1e-9 is usual.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,3 +72,8 @@ class CheckpointSettings(Section):
   async_save: bool = True
   allow_settings_change: bool = False
   allow_unverified: bool = False
+  NAME = "checkpoint"
+
+  def check_values(self) -> None:
+    self.at_least(1, "keep")
+    self.at_least(0, "every_steps")
