@@ -1,7 +1,8 @@
 """Parameters as a safetensors file plus a JSON model card, for use outside a training workdir: `save_params` writes
-`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel') and `config.json` (the
-model section, what the weights are and each array's SHA-256), both atomically; `load_params` builds the model from
-the card and checks every array's name, shape and checksum."""
+`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel'), `config.json` (the
+model section, what the weights are and each array's SHA-256) and the same card as a Hugging Face Hub `README.md`
+(hub_card.py), all atomically; `load_params` builds the model from the card and checks every array's name, shape
+and checksum."""
 
 import contextlib
 import dataclasses
@@ -13,6 +14,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -22,7 +24,7 @@ import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
-from hourglass_jax import __version__, paths
+from hourglass_jax import __version__, hub_card, paths
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import function_changes
 
@@ -47,11 +49,11 @@ def checksum(array) -> str:
 
 def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len: int | None = None,
                 dtype: str | None = None, overwrite: bool = False, about: dict | None = None) -> dict:
-  """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
+  """Writes `output_dir`/model.safetensors, config.json and README.md (local folder or gs://); returns the card.
 
   `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `about`: more
   fields of the card (what hourglass-export adds: the training data and scores, license, intended use); `dtype`
-  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Both files
+  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). The files
   are written under temporary names and renamed into place (`_write_atomically`), so Ctrl-C or a full disk leaves
   the previous export (or nothing) rather than a truncated file or half of this one. A folder holding another
   export (other arrays) is replaced only with `overwrite`; the same export again is allowed.
@@ -73,11 +75,13 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   if not overwrite:
     _check_replaceable(out, card)
   out.mkdir(parents=True, exist_ok=True)
-  for stray in [*out.glob(f".{WEIGHTS_FILE}.*.tmp"), *out.glob(f".{CARD_FILE}.*.tmp")]:
-    stray.unlink(missing_ok=True)  # left by a killed export
-  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
+  for stray in [out.glob(f".{name}.*.tmp") for name in (WEIGHTS_FILE, CARD_FILE, hub_card.README_FILE)]:
+    for path in stray:
+      path.unlink(missing_ok=True)  # left by a killed export
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does. README.md is the
+  # same card for the Hugging Face Hub (YAML front matter and prose), rewritten with every export.
   _write_atomically(out, {WEIGHTS_FILE: safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}),
-                          CARD_FILE: (text + "\n").encode()})
+                          CARD_FILE: (text + "\n").encode(), hub_card.README_FILE: hub_card.readme(card).encode()})
   return card
 
 
@@ -242,8 +246,21 @@ def _check_arrays(found: Mapping[str, tuple], expected: Mapping[str, jax.ShapeDt
                    "shape, such as attention_impl or dtype), or export the checkpoint again with hourglass-export.")
 
 
-def load_params(path, **overrides):
-  """(model, params) from exported weights: `path` is the folder hourglass-export wrote or its .safetensors file.
+class Loaded(NamedTuple):
+  """What `load_params` returns: unpacks as `model, params`; `.cfg` is the ModelConfig that `generate` and
+  `drafts.Model` take (`read_card` gives the rest of the card)."""
+  model: nn.Module
+  params: dict
+
+  @property
+  def cfg(self) -> ModelConfig:
+    return self.model.cfg
+
+
+def load_params(path, **overrides) -> Loaded:
+  """The model and params of exported weights (`Loaded`: `model, params = load_params(path)`, or
+  `loaded.params` and `loaded.cfg` for `generate`): `path` is the folder hourglass-export wrote or its
+  .safetensors file.
 
   The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
   nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
@@ -281,4 +298,4 @@ def load_params(path, **overrides):
                        f"{_AGAIN}.")
   # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
   flat = {key: value.astype(expected[key].dtype, copy=False) for key, value in stored.items()}
-  return model, traverse_util.unflatten_dict(flat, sep="/")
+  return Loaded(model, traverse_util.unflatten_dict(flat, sep="/"))
