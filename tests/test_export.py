@@ -100,8 +100,8 @@ def test_the_readme_is_a_hub_card_with_the_json_cards_metadata(trained, tmp_path
   assert front == dict(library_name="hourglass_jax", pipeline_tag="text-generation",
                        tags=["hourglass_jax", "vanilla", "byte-level", "jax", "flax", "safetensors"])
   for part in ("# hourglass_jax vanilla 1@1, step 4", "## Usage", "hourglass-sample --workdir=.", "load_params(",
-               "## Training data", "`stdlib_text`: The Python standard library's own source files", "## Training recipe",
-               f"| learning rate | {cfg.train.learning_rate:g}, constant after", "## Evaluation",
+               "## Training data", "`stdlib_text`: The Python standard library's own source files",
+               "## Training recipe", f"| learning rate | {cfg.train.learning_rate:g}, constant after", "## Evaluation",
                "No whole-split score was recorded", "## Limitations", "No license is stated"):
     assert part in body, (part, body)
 

@@ -123,7 +123,7 @@ def test_another_models_export_is_not_replaced_without_overwrite(exported, tmp_p
 def test_a_failed_write_keeps_the_previous_export(exported, tmp_path, monkeypatch):
   folder = _copy(exported, tmp_path)
   _, cfg, params, _, other = exported
-  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json")}
+  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json", "README.md")}
   real = epath.Path.write_bytes
 
   def full_disk(path, data):
@@ -135,7 +135,7 @@ def test_a_failed_write_keeps_the_previous_export(exported, tmp_path, monkeypatc
     weights.save_params(other, cfg, folder, overwrite=True)
   monkeypatch.undo()
   assert {name: (folder / name).read_bytes() for name in before} == before
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]  # no temporary left
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]  # no temporary
   _, loaded = weights.load_params(folder)
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
@@ -235,7 +235,7 @@ def test_a_ctrl_c_between_the_renames_is_held_until_both_are_done(exported, tmp_
   monkeypatch.undo()
   _, loaded = weights.load_params(folder)  # the new export, whole
   jax.tree.map(np.testing.assert_array_equal, loaded, other)
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
 
 
 def test_rerunning_an_export_killed_between_its_renames_repairs_it(exported, tmp_path):
@@ -247,7 +247,7 @@ def test_rerunning_an_export_killed_between_its_renames_repairs_it(exported, tmp
   shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
   (folder / ".config.json.0123abcd.tmp").write_text("{}")
   weights.save_params(other, cfg, folder, overwrite=True)
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
   jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
   (folder / "config.json").unlink()  # a first export killed after renaming its weights
   weights.save_params(other, cfg, folder)  # the same export: no --overwrite needed

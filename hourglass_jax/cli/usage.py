@@ -76,10 +76,9 @@ _DISTRIBUTED = ("distributed", "coordinator_address", "num_processes", "process_
 _RUNTIME = ("compilation_cache", "host_malloc")
 TRAIN_FLAGS = ("config", "help_config", "workdir", *_RUNTIME, *_DISTRIBUTED)
 EVAL_FLAGS = ("config", "help_config", "workdir", "split", "batches", *_RUNTIME, *_DISTRIBUTED)
-SAMPLE_FLAGS = ("config", "help_config", "workdir", "split", "prompt", "prompt_file", "num_samples", "max_new_tokens", "temperature",
-                "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", "draft", "draft_tokens",
-                "fallback_below",
-                *_RUNTIME, *_DISTRIBUTED)
+SAMPLE_FLAGS = ("config", "help_config", "workdir", "split", "prompt", "prompt_file", "num_samples", "max_new_tokens",
+                "temperature", "top_k", "top_p", "seed", "end_byte", "prompt_rows", "max_len", "output", "draft",
+                "draft_tokens", "fallback_below", *_RUNTIME, *_DISTRIBUTED)
 DATA_FLAGS = ("data_dir", "manual_dir")
 EXPORT_FLAGS = ("workdir", "output", "step", "dtype", "overwrite", "license", *_RUNTIME)
 BOUNDARIES_FLAGS = ("workdir", "weights", "text", "gumbel_evaluation")
