@@ -277,11 +277,12 @@ def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals
   pixels = np.concatenate([prompts[:, 1:], tokens], axis=1)  # without the start token
   images = tokens_to_images(pixels, *shape)
   grid = images if originals is None else np.concatenate([images, originals])
-  path = paths.as_path(options.output or paths.as_path(workdir) / "samples" / f"images_step{step}.png")
+  shown = options.output or f"{str(workdir).rstrip('/')}/samples/images_step{step}.png"  # as the user wrote it
+  path = paths.as_path(shown)
   if jax.process_index() == 0:
     save_png_grid(grid, path, columns=options.num_samples if originals is not None else None,
                   scale=max(1, 64 // shape[1]))
   what = "from scratch" if originals is None else (f"from their top {options.prompt_rows} rows (originals in the "
                                                    "last row)")
-  log(f"wrote {len(images)} images completed {what} to {path}")
+  log(f"wrote {len(images)} images completed {what} to {shown}")
   return dict(images=images, png=str(path))
