@@ -1,7 +1,8 @@
 """Parameters as a safetensors file plus a JSON model card, for use outside a training workdir: `save_params` writes
-`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel') and `config.json` (the
-model section, what the weights are and each array's SHA-256), both atomically; `load_params` builds the model from
-the card and checks every array's name, shape and checksum."""
+`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel'), `config.json` (the
+model section, what the weights are and each array's SHA-256) and the same card as a Hugging Face Hub `README.md`
+(hub_card.py), all atomically; `load_params` builds the model from the card and checks every array's name, shape
+and checksum."""
 
 import dataclasses
 import hashlib
@@ -9,6 +10,7 @@ import json
 import os
 import warnings
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -18,7 +20,7 @@ import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
-from hourglass_jax import __version__, files, paths
+from hourglass_jax import __version__, files, hub_card, paths
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import function_changes
 
@@ -43,7 +45,7 @@ def checksum(array) -> str:
 
 def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len: int | None = None,
                 dtype: str | None = None, overwrite: bool = False, about: dict | None = None) -> dict:
-  """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
+  """Writes `output_dir`/model.safetensors, config.json and README.md (local folder or gs://); returns the card.
 
   `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `about`: more
   fields of the card (what hourglass-export adds: the training data and scores, license, intended use); `dtype`
@@ -70,9 +72,10 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
   files.refuse_link(out, "a folder")
   if not overwrite:
     _check_replaceable(out, card)
-  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does. README.md is the
+  # same card for the Hugging Face Hub (YAML front matter and prose), rewritten with every export.
   _write_atomically(out, {WEIGHTS_FILE: safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}),
-                          CARD_FILE: (text + "\n").encode()})
+                          CARD_FILE: (text + "\n").encode(), hub_card.README_FILE: hub_card.readme(card).encode()})
   return card
 
 
@@ -253,8 +256,21 @@ def _check_arrays(found: Mapping[str, tuple], expected: Mapping[str, jax.ShapeDt
                    "shape, such as attention_impl or dtype), or export the checkpoint again with hourglass-export.")
 
 
-def load_params(path, **overrides):
-  """(model, params) from exported weights: `path` is the folder hourglass-export wrote or its .safetensors file.
+class Loaded(NamedTuple):
+  """What `load_params` returns: unpacks as `model, params`; `.cfg` is the ModelConfig that `generate` and
+  `drafts.Model` take (`read_card` gives the rest of the card)."""
+  model: nn.Module
+  params: dict
+
+  @property
+  def cfg(self) -> ModelConfig:
+    return self.model.cfg
+
+
+def load_params(path, **overrides) -> Loaded:
+  """The model and params of exported weights (`Loaded`: `model, params = load_params(path)`, or
+  `loaded.params` and `loaded.cfg` for `generate`): `path` is the folder hourglass-export wrote or its
+  .safetensors file.
 
   The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
   nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
@@ -292,4 +308,4 @@ def load_params(path, **overrides):
                        f"{_AGAIN}.")
   # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
   flat = {key: value.astype(expected[key].dtype, copy=False) for key, value in stored.items()}
-  return model, traverse_util.unflatten_dict(flat, sep="/")
+  return Loaded(model, traverse_util.unflatten_dict(flat, sep="/"))

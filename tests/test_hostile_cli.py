@@ -46,8 +46,7 @@ def test_boundaries_cli_ends_bad_input_in_one_line(fixed_export, tmp_path, case)
   weights, text, expected = {
       "fixed model": (fixed_export, "hello", "shorten='attention_avg'; boundaries come from a model trained with"),
       "missing folder": (tmp_path / "missing", "hello", "does not exist: pass the folder hourglass-export wrote"),
-      "training workdir": (workdir, "hello", f"--weights={workdir} is a training workdir, not an export: pass "
-                                             f"--workdir={workdir}"),
+      "training workdir": (workdir, "hello", f"no readable checkpoint under {workdir}/checkpoints"),  # read as one
       "empty text": (fixed_export, "", "--text is empty"),
       "not utf-8": (fixed_export, "caf\udce9", "--text holds bytes that are not UTF-8"),
   }[case]

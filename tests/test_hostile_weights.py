@@ -150,7 +150,7 @@ def test_another_models_export_is_not_replaced_without_overwrite(exported, tmp_p
 def test_a_failed_write_keeps_the_previous_export(exported, tmp_path, monkeypatch):
   folder = _copy(exported, tmp_path)
   _, cfg, params, _, other = exported
-  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json")}
+  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json", "README.md")}
   real = files._write_all
 
   def full_disk(fd, data):
@@ -162,7 +162,7 @@ def test_a_failed_write_keeps_the_previous_export(exported, tmp_path, monkeypatc
     weights.save_params(other, cfg, folder, overwrite=True)
   monkeypatch.undo()
   assert {name: (folder / name).read_bytes() for name in before} == before
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]  # no temporary left
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]  # no temporary
   assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # nor a new folder beside it
   _, loaded = weights.load_params(folder)
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
@@ -267,7 +267,7 @@ def test_a_ctrl_c_while_the_export_takes_its_folders_place_is_held_until_done(ex
   monkeypatch.undo()
   _, loaded = weights.load_params(folder)  # the new export, whole
   jax.tree.map(np.testing.assert_array_equal, loaded, other)
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
 
 
@@ -286,7 +286,7 @@ def test_an_export_replaces_its_folder_whole_and_clears_a_killed_ones_leftovers(
   if not exchange:
     monkeypatch.setattr(files, "_exchange", lambda a, b: False)
   weights.save_params(other, cfg, folder, overwrite=True)
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
   jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
   (folder / "notes.txt").write_text("mine")

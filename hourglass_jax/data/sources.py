@@ -16,8 +16,10 @@ from hourglass_jax.data import catalog
 from hourglass_jax.data.eval_windows import ScoredWindows, protocol_context
 from hourglass_jax.data.settings import SPLITS, DataSettings
 
-_DIRECT_SPECS = {"text_file": catalog.DatasetSpec("text_file", "text", "nothing: data.path names a file, read as is"),
-                 "synthetic": catalog.DatasetSpec("synthetic", "synthetic", "nothing: random tokens")}
+_DIRECT_SPECS = {"text_file": catalog.DatasetSpec("text_file", "text", "nothing: data.path names a file, read as is",
+                                                  about="A local text file, as raw bytes."),
+                 "synthetic": catalog.DatasetSpec("synthetic", "synthetic", "nothing: random tokens",
+                                                  about="Random tokens (for benchmarks: nothing to learn).")}
 DIRECT = tuple(_DIRECT_SPECS)  # read without TFDS
 
 

@@ -51,6 +51,15 @@ def array_shapes(tree) -> dict[str, tuple[int, ...]]:
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
+# What Orbax warns when it opens a manager read-only, as asked: that it is read-only, and that it therefore saves
+# at no interval. Every reader (eval, sample, export, boundaries, read_params) opens one so.
+_READ_ONLY_NOTES = ("CheckpointManagerOptions.read_only=True", "Given directory is read only")
+
+
+def _quiet_read_only(record: logging.LogRecord) -> bool:
+  return not record.getMessage().startswith(_READ_ONLY_NOTES)
+
+
 class Checkpoints:
   """A CheckpointManager under `directory`; use as a context manager. `read_only` (evaluation) never writes,
   deletes or moves anything, so it can watch the workdir of a run in progress."""
@@ -63,13 +72,18 @@ class Checkpoints:
     save_policies = [policies.PreemptionCheckpointingPolicy()]
     if every_steps:
       save_policies.append(policies.FixedIntervalPolicy(every_steps))
-    options = ocp.CheckpointManagerOptions(
-        save_decision_policy=policies.AnySavePolicy(save_policies), preservation_policy=policies.LatestN(keep),
-        enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
-        create=not read_only)
-    # The PyTree handler writes what the standard one does and can also restore the params alone.
-    handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(_quiet_read_only)
+    try:
+      options = ocp.CheckpointManagerOptions(
+          save_decision_policy=policies.AnySavePolicy(save_policies), preservation_policy=policies.LatestN(keep),
+          enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
+          create=not read_only)
+      # The PyTree handler writes what the standard one does and can also restore the params alone.
+      handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
+      self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    finally:
+      absl_logger.removeFilter(_quiet_read_only)
     self._records, self._previous_hook = {}, None
     self._pending, self.failed = None, False  # the step of the last save started; whether a save ran out of space
     self._settled = None  # the step of the last save known to be finished

@@ -55,13 +55,15 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
 
 
 def warmup_warning(train: ml_collections.ConfigDict) -> str | None:
-  """A schedule whose warmup does not end before the last step never reaches train.learning_rate."""
+  """A schedule whose warmup does not end before the last step never reaches train.learning_rate: the last step
+  (index steps - 1) takes learning_rate x (steps - 1) / warmup_steps."""
   if train.warmup_steps < train.steps:
     return None
-  last = train.learning_rate * train.steps / train.warmup_steps
+  lr, last = train.learning_rate, train.learning_rate * (train.steps - 1) / train.warmup_steps
+  digits = next((n for n in range(3, 17) if f"{last:.{n}g}" != f"{lr:.{n}g}"), 17)  # enough to tell them apart
   return (f"train.warmup_steps={train.warmup_steps} >= train.steps={train.steps}: the learning rate never reaches "
-          f"train.learning_rate={train.learning_rate:g} (it stops at {last:.3g}); set "
-          f"--config.train.warmup_steps={train.steps // 10} or raise --config.train.steps.")
+          f"train.learning_rate={lr:g} (the last step's is {last:.{digits}g}, {last / lr:.{max(digits - 2, 1)}%} of "
+          f"it); set --config.train.warmup_steps={train.steps // 10} or raise --config.train.steps.")
 
 
 def check_batch_split(cfg: ml_collections.ConfigDict, parallelism: int, process_count: int) -> None:

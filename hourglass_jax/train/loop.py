@@ -22,7 +22,7 @@ from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.prefetch import DevicePrefetch
 from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.progress import progress_bar
-from hourglass_jax.train.report import report_compiled
+from hourglass_jax.train.report import example_prompt, report_compiled
 from hourglass_jax.train.run_files import MetricsLog
 from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.trainer import Trainer
@@ -243,6 +243,8 @@ class _Run:
       self.log(f"speed over {meter.steps_total} timed steps (evaluation and checkpoints excluded): "
                f"{summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
                f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
+    if sources.dataset_kind(cfg.data.name) == "text":
+      summary["prompt"] = example_prompt(eval_text(self.trainer.eval_source(cfg.data.eval_split)))
     if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
       summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, self.trainer, state.params)
       text = (summary["sample_prompt"] + summary["sample"]).decode("utf-8", errors="replace")
@@ -262,6 +264,17 @@ def bar_label(metric: str) -> str:
   the sowing module is nested in inner levels (TensorBoard keeps the whole path)."""
   depth = metric.split("/").count("inner")
   return metric.rsplit("/", 1)[-1] + (f"[{depth + 1}]" if depth else "")
+
+
+def eval_text(source, size: int = 4096) -> bytes:
+  """The first `size` bytes (about) of an eval split's windows, for `example_prompt`."""
+  parts, count = [], 0
+  for i in range(len(source)):
+    if count >= size:
+      break
+    parts.append(bytes(np.asarray(source[i]).astype("uint8")))
+    count += len(parts[-1])
+  return b"".join(parts)
 
 
 def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) -> tuple[bytes, bytes]:
