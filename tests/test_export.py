@@ -19,17 +19,15 @@ from hourglass_jax.train import model_source, run_files
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.export import about_run, export_params
-from tests.helpers import CONFIGS, FLAGS, quiet, run, trained_run
+from tests.helpers import CONFIGS, FLAGS, quiet, run
 
 
-# One training run (about 35 s on 2 busy cores), paid by whichever test needs it first: those tests are marked slow.
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run with checkpoints at steps 2 and 4 (the integrity tests' run: same programs, cached compiles), step 4's
-  params on the host, and its float32 export."""
-  workdir = tmp_path_factory.mktemp("trained")
-  cfg, _, state, _ = trained_run(workdir)
-  exported = workdir.parent / "exported"
+def exported_run(trained, tmp_path_factory):
+  """The shared training run (conftest.py's `trained`): its workdir, config, step 4's params on the host, and its
+  float32 export with the card."""
+  workdir, cfg, _, state, _ = trained
+  exported = tmp_path_factory.mktemp("exported") / "model"
   card = export_params(workdir, exported, log=quiet)
   return workdir, cfg, state.params, exported, card
 
@@ -40,8 +38,8 @@ def _logits(model, params):
 
 
 @pytest.mark.slow
-def test_export_loads_back_bit_for_bit(trained):
-  workdir, cfg, params, exported, card = trained
+def test_export_loads_back_bit_for_bit(exported_run):
+  workdir, cfg, params, exported, card = exported_run
   assert sorted(p.name for p in exported.iterdir()) == ["README.md", "config.json", "model.safetensors"]
   assert json.loads((exported / "config.json").read_text()) == card
   assert card["step"] == 4 and card["seq_len"] == cfg.data.seq_len and card["weights_dtype"] == "float32"
@@ -57,10 +55,10 @@ def test_export_loads_back_bit_for_bit(trained):
 
 
 @pytest.mark.slow
-def test_the_card_says_what_trained_the_weights_and_what_they_score(trained, tmp_path):
+def test_the_card_says_what_trained_the_weights_and_what_they_score(exported_run, tmp_path):
   """The data set, steps, tokens seen, version, license and intended use; a whole-split score recorded for the step
   (hourglass-eval's) is in its model-index, the trainer's partial evaluation (eval_batches=1) is not."""
-  workdir, cfg, _, _, card = trained
+  workdir, cfg, _, _, card = exported_run
   tokens = cfg.data.batch_size * cfg.data.seq_len
   recipe = dict(learning_rate=cfg.train.learning_rate, schedule="constant", warmup_steps=cfg.train.warmup_steps,
                 min_lr_ratio=0.0, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, grad_clip_norm=1.0, grad_accum_steps=1,
@@ -92,10 +90,10 @@ def _front_matter(readme) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_the_readme_is_a_hub_card_with_the_json_cards_metadata(trained, tmp_path):
+def test_the_readme_is_a_hub_card_with_the_json_cards_metadata(exported_run, tmp_path):
   """README.md's front matter parses as YAML into the Hub's fields: no license (and a one-line warning) until one is
   given, datasets only for a Hub id, model-index once a whole-split score is recorded, equal to config.json's."""
-  workdir, cfg, _, exported, card = trained
+  workdir, cfg, _, exported, card = exported_run
   front, body = _front_matter(exported / "README.md")
   assert front == dict(library_name="hourglass_jax", pipeline_tag="text-generation",
                        tags=["hourglass_jax", "vanilla", "byte-level", "jax", "flax", "safetensors"])
@@ -134,10 +132,10 @@ def test_a_data_set_on_the_hub_is_named_by_its_hub_id(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_scores_an_export_as_it_scores_its_checkpoint(trained, tmp_path):
+def test_eval_scores_an_export_as_it_scores_its_checkpoint(exported_run, tmp_path):
   """The export folder as --workdir, in process and as the command: the checkpoint's score, the model from the
   card and the data from --config, and nothing written into the folder."""
-  workdir, cfg, _, exported, _ = trained
+  workdir, cfg, _, exported, _ = exported_run
   before = sorted(p.name for p in exported.iterdir())
   from_workdir = evaluate_checkpoint(cfg, str(workdir), "valid", log=quiet, max_batches=2)
   lines = []
@@ -152,8 +150,8 @@ def test_eval_scores_an_export_as_it_scores_its_checkpoint(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_bfloat16_export_is_half_the_size_and_close(trained, tmp_path):
-  workdir, _, params, exported, _ = trained
+def test_bfloat16_export_is_half_the_size_and_close(exported_run, tmp_path):
+  workdir, _, params, exported, _ = exported_run
   card = export_params(workdir, tmp_path / "bf16", dtype="bfloat16", log=quiet)
   assert card["weights_dtype"] == "bfloat16"
   size = (tmp_path / "bf16" / "model.safetensors").stat().st_size
@@ -166,8 +164,8 @@ def test_bfloat16_export_is_half_the_size_and_close(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_earlier_step_and_the_command_line(trained, tmp_path):
-  workdir, *_ = trained
+def test_an_earlier_step_and_the_command_line(exported_run, tmp_path):
+  workdir, *_ = exported_run
   result = run([sys.executable, "-c", "from hourglass_jax.cli.main import export_entry; export_entry()",
                 f"--workdir={workdir}", f"--output={tmp_path / 'out'}", "--step=2"], devices=1)
   assert result.returncode == 0, result.stderr
@@ -197,15 +195,15 @@ def _rewrite(exported, target, change):
      r"1 shape mismatch\(es\) \(e\.g\. head/bias: file \(255,\), model \(256,\)\)"),
 ], ids=["missing", "unexpected", "shape"])
 @pytest.mark.slow
-def test_arrays_that_do_not_fit_the_card_are_named(trained, tmp_path, change, message):
-  exported = _rewrite(trained[3], tmp_path / "changed", change)
+def test_arrays_that_do_not_fit_the_card_are_named(exported_run, tmp_path, change, message):
+  exported = _rewrite(exported_run[3], tmp_path / "changed", change)
   with pytest.raises(ValueError, match=message + r".*Load it with the config.json it was exported with"):
     weights.load_params(exported)
 
 
 @pytest.mark.slow
-def test_a_card_that_does_not_match_the_weights(trained, tmp_path):
-  exported = trained[3]
+def test_a_card_that_does_not_match_the_weights(exported_run, tmp_path):
+  exported = exported_run[3]
   folder = shutil.copytree(exported, tmp_path / "copy")
   card = json.loads((folder / "config.json").read_text())
   (folder / "config.json").write_text(json.dumps(dict(card, model=dict(card["model"], d_ff=128))))
