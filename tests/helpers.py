@@ -122,6 +122,12 @@ def sown(model, variables, tokens, **kwargs):
   return jitted_apply(model)(variables, tokens, mutable=("losses", "metrics"), **kwargs)[1]
 
 
+def qkv(t: int, s: int, *, b: int = 2, n: int = 3, h: int = 8, seed: int = 0):
+  """Random float32 queries [b, t, n, h] and keys and values [b, s, n, h] for the attention tests."""
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, t, n, h), (b, s, n, h), (b, s, n, h))]
+
+
 def mixed_variables(model, length: int, **kwargs):
   """Random variables (the first of a fixed series of draws) under which a random sequence closes some segments
   and leaves others open: otherwise a causality check of the segments tests nothing."""

@@ -10,6 +10,7 @@ from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask
 from hourglass_jax.ops.dropout import keep_mask
 from hourglass_jax.ops.attention import (dot_product_attention, fused_attention, reference_attention,
                                          resolve_implementation, sharded_splash_attention, splash_attention)
+from tests.helpers import qkv
 
 MASKS = {
     "none": lambda t, s: None,
@@ -20,16 +21,11 @@ MASKS = {
 SHAPES = {"none": (7, 5), "causal": (9, 9), "shorten": (4, 12), "upsample": (12, 4)}
 
 
-def _qkv(t, s, seed=0, b=2, n=3, h=8):
-  rng = np.random.default_rng(seed)
-  return [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, t, n, h), (b, s, n, h), (b, s, n, h))]
-
-
 @pytest.mark.parametrize("mask_name", list(MASKS))
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_xla_matches_reference_values_and_gradients(mask_name, with_bias):
   t, s = SHAPES[mask_name]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   mask = MASKS[mask_name](t, s)
   bias = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, t, s)), jnp.float32) if with_bias else None
 
@@ -48,7 +44,7 @@ def test_xla_matches_reference_values_and_gradients(mask_name, with_bias):
 
 
 def test_reference_is_softmax_of_masked_scaled_scores():
-  q, k, v = _qkv(4, 12, b=1, n=1)
+  q, k, v = qkv(4, 12, b=1, n=1)
   mask = shorten_mask(12, 3)
   out = np.asarray(reference_attention(q, k, v, mask))[0, :, 0]
   qn, kn, vn = (np.asarray(x)[0, :, 0].astype(np.float64) for x in (q, k, v))
@@ -60,7 +56,7 @@ def test_reference_is_softmax_of_masked_scaled_scores():
 
 
 def test_masked_keys_have_no_influence():
-  q, k, v = _qkv(12, 4)
+  q, k, v = qkv(12, 4)
   mask = upsample_mask(12, 3)
   base = dot_product_attention(q, k, v, mask, impl="xla")
   changed = dot_product_attention(q, k, v.at[:, 2].add(10.0), mask, impl="xla")
@@ -70,7 +66,7 @@ def test_masked_keys_have_no_influence():
 
 
 def test_probability_dropout_is_seeded_and_unbiased_in_expectation():
-  q, k, v = _qkv(9, 9)
+  q, k, v = qkv(9, 9)
   mask = causal_mask(9)
   a = dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=jax.random.key(3))
   b = dot_product_attention(q, k, v, mask, dropout_rate=0.5, dropout_rng=jax.random.key(3))
@@ -84,7 +80,7 @@ def test_probability_dropout_is_seeded_and_unbiased_in_expectation():
 
 def test_reference_dropout_draws_the_counter_hash_mask_of_its_key():
   """The einsum path's probability dropout is ops/dropout.keep_mask's mask for the key, at the rate given."""
-  q, k, v = _qkv(9, 9)
+  q, k, v = qkv(9, 9)
   mask, key = causal_mask(9), jax.random.key(5)
   keep = keep_mask(key, 0.3, (q.shape[0], q.shape[2], 9, 9))
   drawn = reference_attention(q, k, v, mask, dropout_rate=0.3, dropout_rng=key)
@@ -105,7 +101,7 @@ def _scanned_attention_grad(attend, layers=4):
 
 def test_dropout_attention_recomputes_probabilities_instead_of_stacking_them():
   t = 256
-  q, k, v = _qkv(t, t, b=1, n=4, h=16)
+  q, k, v = qkv(t, t, b=1, n=4, h=16)
   mask = causal_mask(t)
   dispatched = lambda x, k, v, key: dot_product_attention(x, k, v, mask, impl="xla", dropout_rate=0.2,
                                                           dropout_rng=key)
@@ -160,7 +156,7 @@ def test_auto_resolution_on_gpu(monkeypatch):
 def test_fused_attention_pads_odd_lengths_with_positions_no_query_sees(mask_name):
   # cuDNN refuses odd lengths; the padding is checked here through XLA's kernel, and on a GPU through cuDNN below.
   t, s = {"none": (7, 5), "causal": (9, 9), "shorten": (5, 15), "upsample": (15, 5)}[mask_name]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   mask = MASKS[mask_name](t, s)
   loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) ** 3)
   padded = lambda q, k, v: fused_attention(q, k, v, mask, implementation="xla", pad_odd=True)
@@ -171,7 +167,7 @@ def test_fused_attention_pads_odd_lengths_with_positions_no_query_sees(mask_name
 
 
 def test_fused_attention_refuses_to_pad_beside_a_bias():
-  q, k, v = _qkv(9, 9)
+  q, k, v = qkv(9, 9)
   with pytest.raises(ValueError, match="pads odd lengths only without a bias"):
     fused_attention(q, k, v, causal_mask(9), jnp.zeros((1, 1, 9, 9)), implementation="xla", pad_odd=True)
 
@@ -183,7 +179,7 @@ def test_cudnn_matches_reference_on_gpu(mask_name, odd):
   even, odd_lengths = {"causal": ((256, 256), (257, 257)), "shorten": ((128, 384), (129, 387)),
                        "upsample": ((384, 128), (387, 129))}[mask_name]
   t, s = odd_lengths if odd else even
-  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(t, s, h=64))
+  q, k, v = (x.astype(jnp.bfloat16) for x in qkv(t, s, h=64))
   mask = MASKS[mask_name](t, s)
   loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)
   fused = lambda q, k, v: dot_product_attention(q, k, v, mask, impl="cudnn")
@@ -198,7 +194,7 @@ def test_cudnn_matches_reference_on_gpu(mask_name, odd):
 @pytest.mark.parametrize("mask_name", ["causal", "shorten"])
 def test_splash_kernel_glue_matches_reference_in_the_pallas_interpreter(mask_name):
   t, s = {"causal": (128, 128), "shorten": (128, 384)}[mask_name]
-  q, k, v = _qkv(t, s, b=1, n=2, h=64)
+  q, k, v = qkv(t, s, b=1, n=2, h=64)
   mask = MASKS[mask_name](t, s)
   np.testing.assert_allclose(splash_attention(q, k, v, mask, interpret=True), reference_attention(q, k, v, mask),
                              atol=1e-5)
@@ -208,7 +204,7 @@ def test_splash_kernel_glue_matches_reference_in_the_pallas_interpreter(mask_nam
 def test_splash_runs_per_shard_under_shard_map_on_a_sharded_mesh():
   """A Mosaic kernel cannot be partitioned by XLA: on a mesh, each device runs it on its own batch rows and heads."""
   mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
-  q, k, v = _qkv(128, 128, b=4, n=2, h=64)
+  q, k, v = qkv(128, 128, b=4, n=2, h=64)
   mask = causal_mask(128)
   spec = P(("data", "fsdp"), None, "tensor", None)
 
@@ -229,7 +225,7 @@ def test_splash_runs_per_shard_under_shard_map_on_a_sharded_mesh():
 
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="splash attention needs a TPU")
 def test_splash_matches_reference_on_tpu():
-  q, k, v = _qkv(256, 256, h=128)
+  q, k, v = qkv(256, 256, h=128)
   mask = causal_mask(256)
   np.testing.assert_allclose(dot_product_attention(q, k, v, mask, impl="splash"),
                              reference_attention(q, k, v, mask), atol=2e-3)

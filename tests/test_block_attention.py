@@ -11,7 +11,7 @@ from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask
 from hourglass_jax.model.multiscale.attention import retina_mask
 from hourglass_jax.ops import block_attention as ba
 from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation
-from tests.helpers import mix32_numpy
+from tests.helpers import mix32_numpy, qkv
 
 # (T, S, mask, query positions, key positions): several blocks of at most 8, lengths not all multiples of 8.
 CASES = {
@@ -22,11 +22,6 @@ CASES = {
     "retina": (40, 20, retina_mask(40, 2, 3, 12), np.arange(40), np.arange(20) * 2),
 }
 BLOCK = dict(block_q=8, block_k=8)
-
-
-def _qkv(t, s, b=2, n=3, h=8, seed=0):
-  rng = np.random.default_rng(seed)
-  return [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, t, n, h), (b, s, n, h), (b, s, n, h))]
 
 
 def _bias(kind, t, s, mask, pos_q, pos_k, b=2, n=3):
@@ -54,7 +49,7 @@ def test_block_matches_reference_values_and_gradients(case, bias_kind, dropout, 
   """Outputs and gradients (q, k, v, bias) against the einsum reference; dropout with the same keep mask
   ('rbg' keys here: threefry takes seconds to compile on CPU; the default keys are checked once below)."""
   t, s, mask, pos_q, pos_k = CASES[case]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   bias = _bias(bias_kind, t, s, mask, pos_q, pos_k)
   rng = jax.random.key(7, impl=key_impl)
   keep = ba.dropout_keep_mask(rng, dropout, 2, 3, t, s, **BLOCK) if dropout else None
@@ -86,7 +81,7 @@ def test_empty_rows_return_zero_and_send_no_gradient():
   t, s, mask, *_ = CASES["retina"]
   empty = ~mask.any(1)
   assert empty.any() and not empty.all()
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   out = ba.block_attention(q, k, v, mask, **BLOCK)
   np.testing.assert_array_equal(out[:, empty], 0.0)
   dq = jax.grad(lambda q: ba.block_attention(q, k, v, mask, **BLOCK).sum())(q)
@@ -122,7 +117,7 @@ def test_causal_plan_computes_only_the_lower_triangle_of_blocks(n):
   assert partial.sum() == n  # only the diagonal blocks apply a mask
   np.testing.assert_array_equal(plan.masks[0], True)
   # The traced program: one scan of `rounds` steps, whose logits hold `lanes` blocks of 8 x 8.
-  q, k, v = _qkv(length, length, b=1, n=1)
+  q, k, v = qkv(length, length, b=1, n=1)
   jaxpr = jax.make_jaxpr(lambda q, k, v: ba.block_attention(q, k, v, causal_mask(length), **BLOCK))(q, k, v)
   scans = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "scan"]
   assert [e.params["length"] for e in scans] == [rounds]
@@ -145,7 +140,7 @@ def test_plan_skips_every_hidden_block(case):
 
 def test_bfloat16_matches_float32_reference_loosely():
   t, s, mask = 35, 35, causal_mask(35)
-  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(t, s, h=16))
+  q, k, v = (x.astype(jnp.bfloat16) for x in qkv(t, s, h=16))
   block = lambda q, k, v, _: ba.block_attention(q, k, v, mask, **BLOCK)
   out, grads = _loss_and_grads(block, q, k, v, None, np.ones(t, bool))
   assert out.dtype == jnp.bfloat16
@@ -159,7 +154,7 @@ def test_bfloat16_matches_float32_reference_loosely():
 
 def test_block_sizes_need_not_match_or_divide_the_lengths():
   t, s, mask, *_ = CASES["upsample"]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   ref = reference_attention(q, k, v, mask)
   for bq, bk in ((16, 4), (5, 3), (64, 64)):
     np.testing.assert_allclose(ba.block_attention(q, k, v, mask, block_q=bq, block_k=bk), ref, atol=1e-5)
@@ -196,7 +191,7 @@ def test_dropout_masks_of_different_blocks_are_independent():
 
 def test_dispatcher_runs_block_and_materialises_the_relative_bias_elsewhere():
   t, s, mask, pos_q, pos_k = CASES["shorten"]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   bias = _bias("relative", t, s, mask, pos_q, pos_k)
   block = dot_product_attention(q, k, v, mask, bias, impl="block")
   np.testing.assert_array_equal(block, ba.block_attention(q, k, v, mask, bias))
@@ -234,7 +229,7 @@ def test_benchmark_runs_at_tiny_sizes(tmp_path):
 def test_gradients_through_a_scan_of_layers():
   """Under an outer trace (nn.scan / lax.scan over layers) the custom VJP must close over no tracer of it."""
   t, s, mask, pos_q, pos_k = CASES["causal"]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   bias = _bias("relative", t, s, mask, pos_q, pos_k)
   scales = jnp.asarray([1.0, 0.5])
 
@@ -252,7 +247,7 @@ def test_every_block_matmul_contracts_its_left_operands_last_axis():
   """dK and dV are accumulated transposed so that no batched matmul contracts a left operand over a non-minor axis
   (the query axis of "gbnqk,gbnqh->gbnkh"): XLA:CPU runs those as Eigen dots at a third of YNNPACK's rate."""
   t, s, mask, _, _ = CASES["causal"]
-  q, k, v = _qkv(t, s)
+  q, k, v = qkv(t, s)
   grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(ba.block_attention(q, k, v, mask, **BLOCK) ** 2), (0, 1, 2)))
   hlo = grad.lower(q, k, v).compile().as_text()
   contracting = re.findall(r"lhs_batch_dims=\{0,1,2\}, lhs_contracting_dims=\{(\d+)\}", hlo)

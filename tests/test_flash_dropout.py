@@ -15,16 +15,12 @@ from hourglass_jax.ops.attention import dot_product_attention, reference_attenti
 from hourglass_jax.ops.dropout import keep_mask
 from hourglass_jax.ops import flash_dropout
 from hourglass_jax.ops.flash_dropout import Blocks, flash_attention
+from tests.helpers import qkv
 
 INTERPRET = jax.default_backend() != "gpu"
 BLOCKS = dict(block_q=16, block_k=16, block_bwd=16)
 # dK/dV and dQ tiled differently from each other and from the forward, as the Hopper row of flash_dropout.BLOCKS
 UNEVEN = dict(blocks=Blocks(16, 32, 16, 32, 32, 16))
-
-
-def _qkv(t, s, b=1, n=1, h=8, seed=0):
-  rng = np.random.default_rng(seed)
-  return [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, t, n, h), (b, s, n, h), (b, s, n, h))]
 
 
 def _values_and_grads(attend, q, k, v):
@@ -44,7 +40,7 @@ def test_flash_matches_reference_with_dropout(mask_name, blocks):
   # causal at an odd length (padded to the blocks, computed in the kernel); shorten: queries and keys of different
   # lengths, the mask read per tile, a query block with no key in some tiles.
   mask = causal_mask(19) if mask_name == "causal" else shorten_mask(24, 3)
-  q, k, v = _qkv(*mask.shape)
+  q, k, v = qkv(*mask.shape, b=1, n=1)
   rng = jax.random.key(3)
   flash = functools.partial(flash_attention, mask_TxS=mask, dropout_rate=0.25, dropout_rng=rng, interpret=INTERPRET,
                             **blocks)
@@ -100,7 +96,7 @@ def test_dispatcher_picks_flash_on_gpu_with_dropout(monkeypatch):
 @pytest.mark.parametrize("rate", [0.0, 0.2])
 def test_dispatcher_runs_flash_by_name(rate):
   mask = causal_mask(16)
-  q, k, v = _qkv(16, 16)
+  q, k, v = qkv(16, 16, b=1, n=1)
   rng = jax.random.key(5)
   out = dot_product_attention(q, k, v, mask, impl="flash", dropout_rate=rate, dropout_rng=rng)
   np.testing.assert_allclose(out, reference_attention(q, k, v, mask, dropout_rate=rate, dropout_rng=rng), atol=2e-5)
@@ -134,7 +130,7 @@ def test_flash_per_shard_draws_its_part_of_the_whole_mask():
 
   mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
   mask = causal_mask(16)
-  q, k, v = _qkv(16, 16, b=4, n=2)
+  q, k, v = qkv(16, 16, b=4, n=2)
   rng = jax.random.key(9)
 
   def attend(q, k, v):
