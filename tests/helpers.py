@@ -435,6 +435,31 @@ def copy_checkpoints(workdir, tmp_path) -> pathlib.Path:
   return copy
 
 
+def restore_latest(trainer, cfg, directory, read_only: bool = False, **options):
+  """(Checkpoints.restore_latest's (state, data state, step) for `trainer` and `cfg` from `directory`, the lines it
+  logged)."""
+  from hourglass_jax.train.checkpoint import Checkpoints, config_record
+
+  messages = []
+  with jax.set_mesh(trainer.mesh), Checkpoints(directory, read_only=read_only, log=messages.append) as checkpoints:
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg), **options)
+  return restored, messages
+
+
+def run_plot(*args):
+  """hourglass-plot in this process, with `args` as its command line; returns what it exits with."""
+  from absl import flags
+  from unittest import mock
+
+  from hourglass_jax.cli import plot
+
+  flags.FLAGS.unparse_flags()
+  with mock.patch.object(sys, "argv", ["hourglass-plot", *map(str, args)]), pytest.raises(SystemExit) as exit_:
+    plot.main()
+  flags.FLAGS.unparse_flags()
+  return exit_.value.code
+
+
 def mix32_numpy(x):
   """lowbias32 (hourglass_jax.ops.dropout.mix32) in numpy uint32 arithmetic, with wrapping multiplies."""
   with np.errstate(over="ignore"):

@@ -16,14 +16,7 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import HOURGLASS, copy_checkpoints, quiet, tiny_config
-
-
-def _restore(trainer, cfg, directory, read_only=False):
-  messages = []
-  with jax.set_mesh(trainer.mesh), Checkpoints(directory, read_only=read_only, log=messages.append) as checkpoints:
-    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
-  return restored, messages
+from tests.helpers import HOURGLASS, copy_checkpoints, quiet, restore_latest, tiny_config
 
 
 @pytest.mark.slow
@@ -40,7 +33,7 @@ def test_a_flipped_byte_in_any_file_is_noticed_or_harmless(trained, tmp_path):
     data[len(data) // 2] ^= 0x10
     target.write_bytes(bytes(data))
     try:
-      (state, data_state, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+      (state, data_state, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
     except (TrainError, ValueError) as error:  # refused, naming the checkpoint: loud, and nothing was loaded
       outcomes[str(relative)] = "refused"
       assert "checkpoints" in str(error)
@@ -73,7 +66,7 @@ def test_changed_array_values_fail_the_fingerprint_check(trained, tmp_path):
     saved = jax.device_put(altered, trainer.shardings)
     checkpoints.manager.save(4, args=_composite(saved, data4), custom_metadata=record, force=True)
   for read_only in (True, False):
-    (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints", read_only)
+    (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints", read_only)
     assert step == 2
     assert any(f"checkpoint step 4 under {copy / 'checkpoints'} fails its integrity check" in m and "opt_state" in m
                and ("skipping" if read_only else "moving it aside") in m for m in messages), messages
@@ -94,7 +87,7 @@ def test_an_emptied_or_changed_data_position_is_not_a_silent_restart(trained, tm
   copy = copy_checkpoints(trained[0], tmp_path)
   position = position if position is not None else {k: v + 1 for k, v in data4.items()}
   (copy / "checkpoints" / "4" / "data" / "metadata").write_text(json.dumps(position))
-  (_, data_state, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  (_, data_state, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
   assert step == 2 and data_state != position
   assert any(problem in m and "falling back to step 2" in m for m in messages), messages
 
@@ -111,7 +104,7 @@ def test_checkpoints_without_fingerprints_restore_only_when_allowed(trained, tmp
   record = json.loads(metadata.read_text())
   del record["custom_metadata"]["fingerprints"]
   metadata.write_text(json.dumps(record))
-  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints", read_only=True)
+  (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints", read_only=True)
   assert step == 2 and any("records no fingerprints" in m and "cannot be verified" in m for m in messages)
   with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append) as checkpoints:
     state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg), allow_unverified=True)

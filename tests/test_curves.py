@@ -4,15 +4,12 @@ run's metrics.jsonl is checked and drawn in tests/test_train_resume.py."""
 
 import builtins
 import errno
-import sys
-from unittest import mock
 
 import pytest
-from absl import flags
 
-from hourglass_jax.cli import plot
 from hourglass_jax.train import curves, run_files
 from hourglass_jax.train.checks import DiskFullError
+from tests.helpers import run_plot
 
 
 def _logged_run(workdir, rate: float) -> None:
@@ -29,19 +26,11 @@ def _logged_run(workdir, rate: float) -> None:
   log.close()
 
 
-def _plot(*args):
-  """hourglass-plot in this process: (exit code or None, stdout)."""
-  flags.FLAGS.unparse_flags()
-  with mock.patch.object(sys, "argv", ["hourglass-plot", *map(str, args)]), pytest.raises(SystemExit) as exit_:
-    plot.main()
-  flags.FLAGS.unparse_flags()
-  return exit_.value.code
-
-
 def test_two_runs_in_one_picture(tmp_path, capsys):
   _logged_run(tmp_path / "a", 0.05)
   _logged_run(tmp_path / "b", 0.02)
-  assert _plot(tmp_path / "a", tmp_path / "b", f"--output={tmp_path / 'out' / 'curves.png'}", "--x=tokens") in (0, None)
+  output = tmp_path / "out" / "curves.png"
+  assert run_plot(tmp_path / "a", tmp_path / "b", f"--output={output}", "--x=tokens") in (0, None)
   assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'out' / 'curves.png'}"
   png = (tmp_path / "out" / "curves.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -61,7 +50,7 @@ def test_hourglass_evals_recorded_scores_join_the_trainers(tmp_path):
 
 
 def test_a_workdir_without_metrics_and_a_missing_matplotlib_end_in_one_line(tmp_path, monkeypatch):
-  message = _plot(tmp_path, f"--output={tmp_path / 'c.png'}")
+  message = run_plot(tmp_path, f"--output={tmp_path / 'c.png'}")
   assert message == (f"error: {tmp_path} holds no metrics.jsonl (or an empty one): pass the --workdir of a "
                      "hourglass-train run that has logged at least one step.")
   _logged_run(tmp_path / "run", 0.05)
@@ -73,7 +62,7 @@ def test_a_workdir_without_metrics_and_a_missing_matplotlib_end_in_one_line(tmp_
     return real_import(name, *args, **kwargs)
 
   monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-  message = _plot(tmp_path / "run", f"--output={tmp_path / 'c.png'}")
+  message = run_plot(tmp_path / "run", f"--output={tmp_path / 'c.png'}")
   assert message == ("error: hourglass-plot needs matplotlib, which is not installed: pip install "
                      "'hourglass-jax[plot]' (or pip install matplotlib).")
   assert not (tmp_path / "c.png").exists()

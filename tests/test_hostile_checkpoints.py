@@ -14,14 +14,7 @@ import pytest
 from hourglass_jax.train.checkpoint import FORMAT_KEY, Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.export import export_params
-from tests.helpers import copy_checkpoints, quiet
-
-
-def _restore(trainer, cfg, directory, **options):
-  messages = []
-  with jax.set_mesh(trainer.mesh), Checkpoints(directory, log=messages.append) as checkpoints:
-    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg), **options)
-  return restored, messages
+from tests.helpers import copy_checkpoints, quiet, restore_latest
 
 
 def _flip_array_bytes(checkpoint):
@@ -43,11 +36,11 @@ def test_deleting_the_metadata_file_does_not_switch_off_verification(trained, tm
   workdir, cfg, trainer, state4, data4 = trained
   copy = copy_checkpoints(trained[0], tmp_path)
   (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
-  (state, data_state, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  (state, data_state, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
   assert step == 4 and data_state == data4 and not any("without verifying" in m for m in messages), messages
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
   _flip_array_bytes(copy / "checkpoints" / "4")
-  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
   assert step == 2 and any("checkpoint step 4" in m and "falling back to step 2" in m for m in messages), messages
 
 
@@ -60,7 +53,7 @@ def test_deleting_the_metadata_file_does_not_skip_the_settings_check(trained, tm
   changed.model.rope_base = 500.0  # same shapes, another function
   with pytest.raises(ValueError, match=r"step 4 was trained with other model settings .*model.rope_base: "
                                        r"checkpoint 10000.0, config 500.0"):
-    _restore(trainer, changed, copy / "checkpoints")
+    restore_latest(trainer, changed, copy / "checkpoints")
 
 
 def test_a_current_checkpoint_without_its_record_is_unreadable_unless_allowed(trained, tmp_path):
@@ -72,11 +65,11 @@ def test_a_current_checkpoint_without_its_record_is_unreadable_unless_allowed(tr
   data["record"] = {}
   data_file.write_text(json.dumps(data))
   backup = shutil.copytree(copy, tmp_path / "backup")
-  (state, _, step), messages = _restore(trainer, cfg, copy / "checkpoints", allow_unverified=True)
+  (state, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints", allow_unverified=True)
   assert step == 4 and any("restored without verifying it (--config.checkpoint.allow_unverified=True)" in m
                            for m in messages), messages
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
-  (_, _, step), messages = _restore(trainer, cfg, backup / "checkpoints")
+  (_, _, step), messages = restore_latest(trainer, cfg, backup / "checkpoints")
   assert step == 2 and any("cannot be verified" in m and "allow_unverified=True" in m
                            and "falling back to step 2" in m for m in messages), messages
   assert (backup / "checkpoints_unreadable").is_dir()  # moved aside, not deleted
@@ -134,7 +127,7 @@ def test_a_checkpoint_downgraded_to_the_older_format_is_not_restored_unverified(
         state=ocp.args.PyTreeSave(jax.device_put(altered, trainer.shardings)), data=ocp.args.JsonSave(data4)),
         force=True)
   (copy / "checkpoints" / "4" / "_CHECKPOINT_METADATA").unlink()
-  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
   assert step == 2 and any("step 4" in m and "layout of checkpoint format 1 and Orbax's _CHECKPOINT_METADATA holds "
                            "none" in m and "cannot be verified" in m and "allow_unverified=True" in m
                            and "falling back to step 2" in m for m in messages), messages
@@ -160,6 +153,6 @@ def test_two_records_that_disagree_fall_back_to_the_intact_step(trained, tmp_pat
                                                  read_only=True) as checkpoints:
       checkpoints.restore_latest(trainer.abstract, config_record(changed))
   assert any(all(part in m for part in disagree) for m in messages), messages
-  (_, _, step), messages = _restore(trainer, cfg, copy / "checkpoints")
+  (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
   assert step == 2 and any(all(part in m for part in disagree) and "falling back to step 2" in m
                            for m in messages), messages

@@ -18,7 +18,7 @@ from hourglass_jax.cli.sample import SampleOptions, check_kind_options, prompt_b
 from hourglass_jax.model import build_model
 from hourglass_jax.model.decode import unbox_params
 from hourglass_jax.weights import save_params
-from tests.helpers import small_config
+from tests.helpers import run_plot, small_config
 
 
 def _boundaries(*args) -> str:
@@ -115,32 +115,21 @@ def test_a_vocabulary_beyond_int32_token_ids_is_refused():
     small_config(vocab_size=10**11)
 
 
-def _plot(*args):
-  """hourglass-plot in this process; returns what it exits with."""
-  from hourglass_jax.cli import plot
-
-  flags.FLAGS.unparse_flags()
-  with mock.patch.object(sys, "argv", ["hourglass-plot", *map(str, args)]), pytest.raises(SystemExit) as exit_:
-    plot.main()
-  flags.FLAGS.unparse_flags()
-  return exit_.value.code
-
-
 def test_plot_ends_a_damaged_log_and_an_output_it_cannot_write_in_one_line(tmp_path):
   """Issue 64: hourglass-plot with random bytes in metrics.jsonl said "'utf-8' codec can't decode" naming no file;
   --output=FILE/x.png with FILE a file said "[Errno 17] File exists". Each names the path and the fix; a link at
   the output's name is replaced, never written through."""
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "metrics.jsonl").write_bytes(b'{"step": 1, "split": "train", "loss": 1.0}\n\xff\xfe\n')
-  assert _plot(tmp_path / "bad", f"--output={tmp_path / 'c.png'}") == (
+  assert run_plot(tmp_path / "bad", f"--output={tmp_path / 'c.png'}") == (
       f"error: {tmp_path}/bad/metrics.jsonl line 2 is not UTF-8 text (byte 1 of the line): the file is damaged; "
       "restore or delete that line (or move the file aside: a run then starts a new one), then rerun.")
   (tmp_path / "good").mkdir()
   (tmp_path / "good" / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 1.0, "bits_per_byte": 1.4}\n')
   (tmp_path / "FILE").write_text("not a folder")
-  assert _plot(tmp_path / "good", f"--output={tmp_path / 'FILE' / 'x.png'}") == (
+  assert run_plot(tmp_path / "good", f"--output={tmp_path / 'FILE' / 'x.png'}") == (
       f"error: {tmp_path}/FILE is a file, not a folder; move it aside or choose another path, then rerun.")
-  assert _plot(tmp_path / "good", f"--output={tmp_path / 'good'}") == (
+  assert run_plot(tmp_path / "good", f"--output={tmp_path / 'good'}") == (
       f"error: {tmp_path}/good is a folder, not a file; move it aside (or pass another path) and rerun.")
   assert (tmp_path / "FILE").read_text() == "not a folder"
 
