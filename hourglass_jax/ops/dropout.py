@@ -8,6 +8,8 @@ mix32(mix32(col ^ s0) ^ mix32(row ^ s1)) < 2^32 (1 - rate). Each mix32 is a bije
 elements (a pod-sized batch) without 64-bit integers.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -24,23 +26,79 @@ def mix32(x):
   return x ^ (x >> 16)
 
 
-def keep_mask(rng, rate: float, shape: tuple[int, ...]):
-  """Bool keep mask of `shape`, True with probability 1 - rate (within 2^-32), from a jax.random key."""
-  if not 0.0 <= rate < 1.0:
-    raise ValueError(f"dropout rate {rate!r} must be in [0, 1).")
-  seeds = jax.random.bits(rng, (2,), jnp.uint32)
+def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
   cols = shape[-1] if shape else 1
   rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
   if rows >= 2 ** 32 or cols >= 2 ** 32:
     raise ValueError(f"dropout on {shape}: more than 2^32 rows or columns.")
-  # The row and column halves are hashed as vectors and meet in one mix32 per element: no full-size index array
-  # exists for XLA to hoist out of a scanned stack and read back from memory, and a third of the integer work.
+  return rows, cols
+
+
+def _bits(seeds, shape: tuple[int, ...], elementwise: bool):
+  """mix32(mix32(col ^ s0) ^ mix32(row ^ s1)) of x viewed as [rows, last axis], as [rows, cols] uint32.
+
+  Two forms of the same values. Vectors: the row and column halves are hashed once each and meet in one mix32 per
+  element, a third of the integer work, and no full-size index array exists for XLA:CPU to hoist out of a scanned
+  stack and read back from memory. Elementwise: every element hashes its own counters, so the hash fuses into the
+  kernel that consumes the mask and launches nothing of its own (on a GPU, where a launch costs more than the
+  integer work)."""
+  rows, cols = _rows_cols(shape)
+  if elementwise:
+    col = jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 1)
+    row = jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 0)
+    return mix32(mix32(col ^ seeds[0]) ^ mix32(row ^ seeds[1]))
   col_C = mix32(jnp.arange(cols, dtype=jnp.uint32) ^ seeds[0])
   row_R = mix32(jnp.arange(rows, dtype=jnp.uint32) ^ seeds[1])
-  bits = mix32(col_C[None, :] ^ row_R[:, None])
+  return mix32(col_C[None, :] ^ row_R[:, None])
+
+
+def _keep(seeds, rate: float, shape: tuple[int, ...], elementwise: bool = False):
+  bits = _bits(seeds, shape, elementwise)
   threshold = np.uint64(round(2 ** 32 * (1.0 - rate)))
   keep = bits < jnp.uint32(threshold) if threshold < 2 ** 32 else jnp.ones(bits.shape, bool)
   return keep.reshape(shape)
+
+
+def _check_rate(rate: float) -> None:
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout rate {rate!r} must be in [0, 1).")
+
+
+def keep_mask(rng, rate: float, shape: tuple[int, ...]):
+  """Bool keep mask of `shape`, True with probability 1 - rate (within 2^-32), from a jax.random key."""
+  _check_rate(rate)
+  _rows_cols(shape)
+  return _keep(jax.random.bits(rng, (2,), jnp.uint32), rate, shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dropped(x, seeds, rate: float, elementwise: bool):
+  keep = _keep(seeds, rate, x.shape, elementwise)
+  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def _dropped_fwd(x, seeds, rate, elementwise):
+  return _dropped(x, seeds, rate, elementwise), seeds
+
+
+def _dropped_bwd(rate, elementwise, seeds, d_y):
+  keep = _keep(seeds, rate, d_y.shape, elementwise)
+  return jnp.where(keep, d_y, jnp.zeros((), d_y.dtype)) / jnp.asarray(1.0 - rate, d_y.dtype), None
+
+
+_dropped.defvjp(_dropped_fwd, _dropped_bwd)
+
+
+def dropout(x, rng, rate: float):
+  """Inverted dropout: x / (1 - rate) where `keep_mask(rng, rate, x.shape)` keeps, else 0. Only the two seeds
+  are kept for the backward pass, which recomputes the mask inside the fusion that consumes it: no full-size mask
+  is stored between the passes. Values and gradients are those of the plain expression; on a GPU the hash is
+  computed per element (`_bits`)."""
+  _check_rate(rate)
+  if rate == 0.0:
+    return x
+  _rows_cols(x.shape)
+  return _dropped(x, jax.random.bits(rng, (2,), jnp.uint32), float(rate), jax.default_backend() == "gpu")
 
 
 class Dropout(nn.Module):
@@ -52,5 +110,4 @@ class Dropout(nn.Module):
   def __call__(self, x, deterministic: bool):
     if deterministic or self.rate == 0.0:
       return x
-    keep = keep_mask(self.make_rng("dropout"), float(self.rate), x.shape)
-    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
+    return dropout(x, self.make_rng("dropout"), float(self.rate))
