@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
-from hourglass_jax.ops import dropout as dropout_module
-from hourglass_jax.ops.dropout import Dropout, dropout, keep_mask, mix32
+from hourglass_jax.ops.dropout import Dropout, dropout, keep_mask, mix32, stream_keep_mask
 from tests.helpers import mix32_numpy
 
 
@@ -74,24 +73,37 @@ def test_the_module_scales_kept_elements_and_is_the_identity_when_deterministic(
   np.testing.assert_allclose(grad, np.where(kept, 1 / 0.75, 0.0), rtol=1e-6)
 
 
-def test_dropout_keeps_two_vectors_for_its_backward_pass_and_differentiates_as_the_plain_expression():
+def test_stream_keep_mask_follows_its_formula():
+  keep = stream_keep_mask(jnp.uint32(12345), 0.3, (2, 3, 7))
+  row, col = np.meshgrid(np.arange(6, dtype=np.uint32), np.arange(7, dtype=np.uint32), indexing="ij")
+  bits = mix32_numpy(mix32_numpy(col) ^ mix32_numpy(mix32_numpy(row) ^ np.uint32(0x9E3779B9)) ^ np.uint32(12345))
+  np.testing.assert_array_equal(keep, (bits < np.uint32(round(2 ** 32 * 0.7))).reshape(2, 3, 7))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_stream_keep_mask_keeps_one_minus_rate_independently(rate):
+  keep = np.asarray(stream_keep_mask(jnp.uint32(7), rate, (512, 1024)))
+  assert abs(keep.mean() - (1 - rate)) < 0.005
+  chance = rate ** 2 + (1 - rate) ** 2
+  for shift in (1, 2, 64):
+    assert abs(np.mean(keep[shift:] == keep[:-shift]) - chance) < 0.01, shift
+    assert abs(np.mean(keep[:, shift:] == keep[:, :-shift]) - chance) < 0.01, shift
+  square = np.asarray(stream_keep_mask(jnp.uint32(7), rate, (512, 512)))
+  assert abs(np.mean(square == square.T) - chance) < 0.01  # rows and columns hash differently
+
+
+def test_dropout_keeps_its_seed_for_the_backward_pass_and_differentiates_as_the_plain_expression():
   x = jax.random.normal(jax.random.key(1), (6, 40, 24), jnp.bfloat16)
   rng, rate = jax.random.key(2), 0.3
-  plain = lambda x: jnp.where(keep_mask(rng, rate, x.shape), x / jnp.asarray(1 - rate, x.dtype), 0)
+  seed = jax.random.bits(rng, (), jnp.uint32)
+  plain = lambda x: jnp.where(stream_keep_mask(seed, rate, x.shape), x / jnp.asarray(1 - rate, x.dtype), 0)
   cotangent = jax.random.normal(jax.random.key(3), x.shape, jnp.bfloat16)
   for f in (plain, lambda x: dropout(x, rng, rate)):
     y, vjp = jax.vjp(f, x)
     np.testing.assert_array_equal(y, plain(x))
     np.testing.assert_array_equal(vjp(cotangent)[0], jax.vjp(plain, x)[1](cotangent)[0])
   saved = [aval.shape for aval, _ in saved_residuals(lambda x: (dropout(x, rng, rate) * 2).sum(), x)]
-  assert [s for s in saved if s] == [(2,)], saved  # the seeds, no mask
-
-
-@pytest.mark.parametrize("shape", [(3, 5, 7), (130,), ()])
-def test_the_per_element_hash_a_gpu_uses_gives_the_vector_form_s_mask(shape):
-  seeds = jax.random.bits(jax.random.key(4), (2,), jnp.uint32)
-  np.testing.assert_array_equal(dropout_module._keep(seeds, 0.4, shape, elementwise=True),
-                                dropout_module._keep(seeds, 0.4, shape, elementwise=False))
+  assert all(np.prod(shape) <= 1 for shape in saved), saved  # the seed, no mask
 
 
 class _Stack(nn.Module):

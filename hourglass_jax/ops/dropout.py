@@ -2,10 +2,17 @@
 
 jax.random draws every element's bits with threefry, about a hundred integer operations per 32-bit word; on a CPU
 that was 4-6% of the enwik8 train step for the residual and feed-forward dropout alone. Here the rng gives two
-32-bit seeds, and element (row, col) of x viewed as [rows, last axis] keeps with probability 1 - rate when
-mix32(mix32(col ^ s0) ^ mix32(row ^ s1)) < 2^32 (1 - rate). Each mix32 is a bijection, so distinct rows
-(or columns) never share bits, and the row/column split keeps this well defined for arrays of more than 2^32
-elements (a pod-sized batch) without 64-bit integers.
+32-bit seeds s0, s1 and element (row, col) of x viewed as [rows, last axis] keeps with probability 1 - rate when
+its hash is below 2^32 (1 - rate). Each mix32 is a bijection, so distinct rows (or columns) never share bits, and
+the row/column split keeps this well defined for arrays of more than 2^32 elements without 64-bit integers.
+
+Two hashes, one per use:
+- `keep_mask` (attention probabilities; ops/flash_dropout.py computes the same bits per tile in its kernels):
+  mix32(mix32(col ^ s0) ^ mix32(row ^ s1)).
+- `dropout` (the residual stream and the feed-forward): mix32(C[col] ^ R[row] ^ s0) with C and R hashed counters
+  that no seed enters, so one pair of vectors serves every layer and step (XLA computes them once per step,
+  instead of two small kernels per layer), and the seed meets them in the fusion that consumes the mask. Its
+  backward pass keeps the seed, not the mask, and recomputes the mask in the fusion that consumes it.
 """
 
 import functools
@@ -34,29 +41,9 @@ def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
   return rows, cols
 
 
-def _bits(seeds, shape: tuple[int, ...], elementwise: bool):
-  """mix32(mix32(col ^ s0) ^ mix32(row ^ s1)) of x viewed as [rows, last axis], as [rows, cols] uint32.
-
-  Two forms of the same values. Vectors: the row and column halves are hashed once each and meet in one mix32 per
-  element, a third of the integer work, and no full-size index array exists for XLA:CPU to hoist out of a scanned
-  stack and read back from memory. Elementwise: every element hashes its own counters, so the hash fuses into the
-  kernel that consumes the mask and launches nothing of its own (on a GPU, where a launch costs more than the
-  integer work)."""
-  rows, cols = _rows_cols(shape)
-  if elementwise:
-    col = jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 1)
-    row = jax.lax.broadcasted_iota(jnp.uint32, (rows, cols), 0)
-    return mix32(mix32(col ^ seeds[0]) ^ mix32(row ^ seeds[1]))
-  col_C = mix32(jnp.arange(cols, dtype=jnp.uint32) ^ seeds[0])
-  row_R = mix32(jnp.arange(rows, dtype=jnp.uint32) ^ seeds[1])
-  return mix32(col_C[None, :] ^ row_R[:, None])
-
-
-def _keep(seeds, rate: float, shape: tuple[int, ...], elementwise: bool = False):
-  bits = _bits(seeds, shape, elementwise)
+def _below(bits, rate: float):
   threshold = np.uint64(round(2 ** 32 * (1.0 - rate)))
-  keep = bits < jnp.uint32(threshold) if threshold < 2 ** 32 else jnp.ones(bits.shape, bool)
-  return keep.reshape(shape)
+  return bits < jnp.uint32(threshold) if threshold < 2 ** 32 else jnp.ones(bits.shape, bool)
 
 
 def _check_rate(rate: float) -> None:
@@ -65,24 +52,41 @@ def _check_rate(rate: float) -> None:
 
 
 def keep_mask(rng, rate: float, shape: tuple[int, ...]):
-  """Bool keep mask of `shape`, True with probability 1 - rate (within 2^-32), from a jax.random key."""
+  """Bool keep mask of `shape`, True with probability 1 - rate (within 2^-32), from a jax.random key: the
+  attention-probability mask (the flash kernel's bits)."""
   _check_rate(rate)
-  _rows_cols(shape)
-  return _keep(jax.random.bits(rng, (2,), jnp.uint32), rate, shape)
+  rows, cols = _rows_cols(shape)
+  seeds = jax.random.bits(rng, (2,), jnp.uint32)
+  # The row and column halves are hashed as vectors and meet in one mix32 per element: no full-size index array
+  # exists for XLA to hoist out of a scanned stack and read back from memory, and a third of the integer work.
+  col_C = mix32(jnp.arange(cols, dtype=jnp.uint32) ^ seeds[0])
+  row_R = mix32(jnp.arange(rows, dtype=jnp.uint32) ^ seeds[1])
+  return _below(mix32(col_C[None, :] ^ row_R[:, None]), rate).reshape(shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _dropped(x, seeds, rate: float, elementwise: bool):
-  keep = _keep(seeds, rate, x.shape, elementwise)
+_ROW_KEY = np.uint32(0x9E3779B9)  # rows hash through another bijection than columns: R is not C
+
+
+def stream_keep_mask(seed, rate: float, shape: tuple[int, ...]):
+  """`dropout`'s keep mask of `shape` from a uint32 `seed`: mix32(C[col] ^ R[row] ^ seed) < 2^32 (1 - rate)."""
+  rows, cols = _rows_cols(shape)
+  col_C = mix32(jnp.arange(cols, dtype=jnp.uint32))
+  row_R = mix32(mix32(jnp.arange(rows, dtype=jnp.uint32)) ^ _ROW_KEY)
+  return _below(mix32(col_C[None, :] ^ row_R[:, None] ^ seed), rate).reshape(shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dropped(x, seed, rate: float):
+  keep = stream_keep_mask(seed, rate, x.shape)
   return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
 
 
-def _dropped_fwd(x, seeds, rate, elementwise):
-  return _dropped(x, seeds, rate, elementwise), seeds
+def _dropped_fwd(x, seed, rate):
+  return _dropped(x, seed, rate), seed
 
 
-def _dropped_bwd(rate, elementwise, seeds, d_y):
-  keep = _keep(seeds, rate, d_y.shape, elementwise)
+def _dropped_bwd(rate, seed, d_y):
+  keep = stream_keep_mask(seed, rate, d_y.shape)
   return jnp.where(keep, d_y, jnp.zeros((), d_y.dtype)) / jnp.asarray(1.0 - rate, d_y.dtype), None
 
 
@@ -90,20 +94,19 @@ _dropped.defvjp(_dropped_fwd, _dropped_bwd)
 
 
 def dropout(x, rng, rate: float):
-  """Inverted dropout: x / (1 - rate) where `keep_mask(rng, rate, x.shape)` keeps, else 0. Only the two seeds
-  are kept for the backward pass, which recomputes the mask inside the fusion that consumes it: no full-size mask
-  is stored between the passes. Values and gradients are those of the plain expression; on a GPU the hash is
-  computed per element (`_bits`)."""
+  """Inverted dropout: x / (1 - rate) where `stream_keep_mask(seed, rate, x.shape)` keeps (seed: 32 bits drawn
+  from `rng`), else 0. The backward pass keeps the seed and recomputes the mask in the fusion that consumes it, so
+  no full-size mask is stored between the passes; values and gradients are those of the plain expression."""
   _check_rate(rate)
   if rate == 0.0:
     return x
   _rows_cols(x.shape)
-  return _dropped(x, jax.random.bits(rng, (2,), jnp.uint32), float(rate), jax.default_backend() == "gpu")
+  return _dropped(x, jax.random.bits(rng, (), jnp.uint32), float(rate))
 
 
 class Dropout(nn.Module):
-  """flax.linen.Dropout's interface (`rate`, `__call__(x, deterministic)`, rng collection 'dropout') with the
-  keep mask from `keep_mask`: inverted dropout, kept elements scaled by 1 / (1 - rate)."""
+  """flax.linen.Dropout's interface (`rate`, `__call__(x, deterministic)`, rng collection 'dropout'): `dropout`,
+  inverted, kept elements scaled by 1 / (1 - rate)."""
   rate: float
 
   @nn.compact
