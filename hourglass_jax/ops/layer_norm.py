@@ -5,8 +5,8 @@ rsqrt(var + eps) * scale, + bias), so the values are identical.
 
 Differentiated by JAX, flax's LayerNorm keeps three float32 arrays of the input's full size for the backward pass
 (x^2, x - mean and the normalised x), which a scanned stack stacks per layer and reads back. Here the backward pass
-keeps the input itself (usually the residual stream, kept anyway) and two float32 numbers per row (mean and
-1/std), and recomputes the normalised x inside the fusions that need it:
+keeps the input itself (usually the residual stream, kept anyway) and two float32 numbers per row (the mean and
+the mean of squares), and recomputes 1/std and the normalised x inside the fusions that need them:
 dx = rstd (g - mean(g) - x_hat mean(g x_hat)) with g = dy * scale; dscale = sum(dy x_hat); dbias = sum(dy).
 """
 
@@ -17,32 +17,36 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def _statistics(x, epsilon: float):
-  """(mean, 1 / std) over the last axis in float32 (at least), shaped [..., 1]."""
+def _moments(x):
+  """(mean, mean of squares) over the last axis in float32 (at least), shaped [..., 1]: one reduction kernel."""
   x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-  mean = x32.mean(-1, keepdims=True)
-  var = jnp.maximum(0.0, lax.square(x32).mean(-1, keepdims=True) - lax.square(mean))
-  return mean, lax.rsqrt(var + epsilon)
+  return x32.mean(-1, keepdims=True), lax.square(x32).mean(-1, keepdims=True)
 
 
-def _normalise(x, scale, bias, mean, rstd, dtype):
-  return jnp.asarray((x - mean) * (rstd * scale) + bias, dtype)
+def _rstd(mean, mean_sq, epsilon: float):
+  return lax.rsqrt(jnp.maximum(0.0, mean_sq - lax.square(mean)) + epsilon)
+
+
+def _normalise(x, scale, bias, mean, mean_sq, epsilon, dtype):
+  return jnp.asarray((x - mean) * (_rstd(mean, mean_sq, epsilon) * scale) + bias, dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def layer_norm(x, scale, bias, epsilon: float, dtype):
   """(x - mean) / sqrt(var + epsilon) * scale + bias over the last axis, returned in `dtype`; `scale` and `bias`
   are [features]. The values of flax.linen.LayerNorm(epsilon=epsilon, dtype=dtype)."""
-  return _normalise(x, scale, bias, *_statistics(x, epsilon), dtype)
+  return _normalise(x, scale, bias, *_moments(x), epsilon, dtype)
 
 
 def _layer_norm_fwd(x, scale, bias, epsilon, dtype):
-  mean, rstd = _statistics(x, epsilon)
-  return _normalise(x, scale, bias, mean, rstd, dtype), (x, scale, bias, mean, rstd)
+  moments = _moments(x)
+  # the moments, not 1/std, are kept: 1/std is recomputed in each fusion that reads it, not a kernel of its own
+  return _normalise(x, scale, bias, *moments, epsilon, dtype), (x, scale, bias, *moments)
 
 
 def _layer_norm_bwd(epsilon, dtype, residuals, d_y):
-  x, scale, bias, mean, rstd = residuals
+  x, scale, bias, mean, mean_sq = residuals
+  rstd = _rstd(mean, mean_sq, epsilon)
   x_hat = (x - mean) * rstd
   d_y = d_y.astype(x_hat.dtype)
   g = d_y * scale
