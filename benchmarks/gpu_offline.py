@@ -1,7 +1,8 @@
 """The train step of each configs/gpu.py preset compiled for an H100 on a machine without a GPU, and what it costs.
 
-    .venv-gpu-offline/bin/python benchmarks/gpu_offline.py                 # every preset, remat none / dots
-    .venv-gpu-offline/bin/python benchmarks/gpu_offline.py --presets large --variants none
+    .venv-gpu-offline/bin/python benchmarks/gpu_offline.py                 # every preset as configs/gpu.py runs it
+    .venv-gpu-offline/bin/python benchmarks/gpu_offline.py --presets large --variants preset,dots
+    .venv-gpu-offline/bin/python benchmarks/gpu_offline.py --presets enwik8 --set model.scan_unroll=1
     .venv/bin/python benchmarks/gpu_offline.py --dry-run                   # tiny sizes, any backend (CI)
 
 Deviceless ahead-of-time compilation: with the CUDA plugin installed (`jax-cuda12-plugin`, see docs/gpu.md for the
@@ -36,7 +37,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host stays the CPU: the GPU
 from benchmarks import gpu_calibration, hlo_kernels, thunk_census  # noqa: E402
 
 PRESETS = ("", "large", "dynamic", "fixed")
-VARIANTS = {"none": dict(remat=False), "dots": dict(remat=True, remat_policy="dots_saveable"),
+# 'preset': the preset's own execution settings (configs/gpu.py EXECUTION); the others override its remat.
+VARIANTS = {"preset": {}, "none": dict(remat=False), "dots": dict(remat=True, remat_policy="dots_saveable"),
             "full": dict(remat=True, remat_policy="nothing_saveable")}
 # XLA's GPU target descriptions (xla/backends/gpu/target_config/specs, as Compiler::TargetConfig text): what the
 # compiler reads from a device it cannot query. H200: the H100's SMs and clocks with 141 GB of HBM3e at 4.8 TB/s.
@@ -320,7 +322,7 @@ def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--presets", default=",".join(p or "enwik8" for p in PRESETS),
                       help="configs/gpu.py presets ('enwik8' is the default one)")
-  parser.add_argument("--variants", default="none,dots", help="remat variants, of " + ",".join(VARIANTS))
+  parser.add_argument("--variants", default="preset", help="remat variants, of " + ",".join(VARIANTS))
   parser.add_argument("--gpu", default="h100", choices=sorted(TARGET_CONFIGS), help="the GPU compiled for")
   parser.add_argument("--backend", default="auto", choices=("auto", "gpu", "cpu"),
                       help="gpu: deviceless compile (needs the CUDA plugin); cpu: the fallback; auto: gpu if it can")
