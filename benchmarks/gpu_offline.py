@@ -9,14 +9,17 @@ Deviceless ahead-of-time compilation: with the CUDA plugin installed (`jax-cuda1
 venv), `jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=...)` describes an H100 from
 its XLA target config (`TARGET_CONFIGS`), and jit(...).lower(...).compile() runs XLA:GPU's whole pipeline on the
 CPU (fusion, GEMM rewriting, Pallas / Triton kernels to PTX and cubin) without autotuning, so GEMM tile choices are
-XLA's defaults, not the device's tuned ones. For each preset and remat variant it records the compiled memory, the
-kernels one step launches (benchmarks/hlo_kernels.py: fusions, custom calls, GEMMs), XLA's HLO cost analysis of the
-optimized module (which counts a while loop's body once and custom calls as zero) and a roofline estimate of the
-step per kernel class on an H100 and an H200. Without the plugin (or with --backend cpu) it falls back to the
-train step compiled for this CPU, with the same census and roofline: a weaker estimate (XLA:CPU fuses differently
-and attention takes the CPU's kernel).
+XLA's defaults, not the device's tuned ones. For each preset and execution variant it records the compiled memory,
+the kernels one step launches (benchmarks/hlo_kernels.py: fusions, custom calls, GEMMs) and what the runtime
+submits (benchmarks/thunk_census.py: command buffers, from the thunk sequence XLA dumps during the compile), XLA's
+HLO cost analysis of the optimized module (which counts a while loop's body once and custom calls as zero) and the
+roofline of the step per kernel class on an H100 and an H200, which benchmarks/gpu_calibration.py turns into a
+calibrated step estimate. Without the plugin (or with --backend cpu) it falls back to the train step compiled for
+this CPU, with the same census and roofline: a weaker estimate (XLA:CPU fuses differently and attention takes the
+CPU's kernel).
 
-Writes results/gpu_offline.json (appended) and results/gpu_offline.md (the BENCHMARKS.md section).
+Writes results/gpu_offline.json (appended) and results/gpu_offline.md (the BENCHMARKS.md section);
+`--record gpu_calibration` writes the calibration's programs instead (docs/gpu.md).
 """
 
 import argparse
@@ -37,9 +40,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host stays the CPU: the GPU
 from benchmarks import gpu_calibration, hlo_kernels, thunk_census  # noqa: E402
 
 PRESETS = ("", "large", "dynamic", "fixed")
-# 'preset': the preset's own execution settings (configs/gpu.py EXECUTION); the others override its remat.
-VARIANTS = {"preset": {}, "none": dict(remat=False), "dots": dict(remat=True, remat_policy="dots_saveable"),
-            "full": dict(remat=True, remat_policy="nothing_saveable")}
+# 'preset': the preset's own execution settings (configs/gpu.py EXECUTION); the others override its remat, or
+# bring back its scanned stacks.
+VARIANTS = {"preset": {}, "none": dict(train=dict(remat=False)),
+            "dots": dict(train=dict(remat=True, remat_policy="dots_saveable")),
+            "full": dict(train=dict(remat=True, remat_policy="nothing_saveable")),
+            "scanned": dict(model=dict(scan_unroll=1))}
 # XLA's GPU target descriptions (xla/backends/gpu/target_config/specs, as Compiler::TargetConfig text): what the
 # compiler reads from a device it cannot query. H200: the H100's SMs and clocks with 141 GB of HBM3e at 4.8 TB/s.
 _DEVICE_INFO = """gpu_device_info {{
@@ -157,7 +163,8 @@ def step_config(preset: str, variant: str, dry_run: bool, overrides: dict | None
   from benchmarks import device_check
 
   cfg = device_check.train_config(preset, dict(overrides or {}), dry_run)
-  cfg.train.update(VARIANTS[variant])
+  for section, values in VARIANTS[variant].items():
+    cfg[section].update(values)
   for setting in settings:
     key, value = setting.split("=", 1)
     section, field = key.split(".", 1)
@@ -238,6 +245,8 @@ def analyse(preset: str, variant: str, args, devices, as_gpu: bool) -> dict:
 
   cfg = step_config(preset, variant, args.dry_run, settings=args.set)
   saved = load_saved(pathlib.Path(args.from_hlo), preset, variant) if args.from_hlo else None
+  if args.from_hlo and saved is None:
+    raise FileNotFoundError(f"--from-hlo {args.from_hlo}: nothing saved for {preset or 'enwik8'} / {variant}")
   trainer, compiled, seconds, recorder = compile_step(cfg, devices, as_gpu, lower_only=saved is not None)
   if saved:
     hlo_text, sequence, metadata, compiled_facts = saved
@@ -252,7 +261,7 @@ def analyse(preset: str, variant: str, args, devices, as_gpu: bool) -> dict:
   kernel_list = hlo_kernels.kernels(hlo_text)
   recorder.annotate(kernel_list)
   record = dict(
-      preset=preset, variant=variant, remat=VARIANTS[variant], settings=list(args.set),
+      preset=preset, variant=variant, settings=list(args.set),
       remat_policy=training_model_config(cfg).remat_policy, scan_unroll=cfg.model.get("scan_unroll", 1),
       batch=cfg.data.batch_size, seq_len=cfg.data.seq_len, params=trainer.num_params, model_flops=model_flops(cfg),
       **compiled_facts, kernels=hlo_kernels.summary(kernel_list), flash_kernels=len(recorder.seen),
@@ -322,7 +331,7 @@ def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--presets", default=",".join(p or "enwik8" for p in PRESETS),
                       help="configs/gpu.py presets ('enwik8' is the default one)")
-  parser.add_argument("--variants", default="preset", help="remat variants, of " + ",".join(VARIANTS))
+  parser.add_argument("--variants", default="preset", help="execution variants, of " + ",".join(VARIANTS))
   parser.add_argument("--gpu", default="h100", choices=sorted(TARGET_CONFIGS), help="the GPU compiled for")
   parser.add_argument("--backend", default="auto", choices=("auto", "gpu", "cpu"),
                       help="gpu: deviceless compile (needs the CUDA plugin); cpu: the fallback; auto: gpu if it can")
@@ -376,6 +385,9 @@ def main(argv=None) -> dict:
     for variant in args.variants:
       try:
         row = analyse(preset, variant, args, devices, as_gpu)
+      except FileNotFoundError as missing:  # --from-hlo: a row that was not saved is left out
+        print(missing, flush=True)
+        continue
       except Exception as error:  # noqa: BLE001 -- one preset that fails to compile must not lose the others
         row = dict(preset=preset, variant=variant, error=f"{type(error).__name__}: {str(error)[:400]}")
       record["rows"].append(row)

@@ -42,6 +42,17 @@ def _mfu(row: dict, ms: float | None) -> str:
   return "-" if not ms else f"{row['model_flops'] / (ms / 1e3) / PEAK_BF16:.1%}"
 
 
+def default_rows(record: dict) -> dict[str, dict]:
+  """Per preset, the row of its own settings (variant 'preset'; a record without one: 'none', then any)."""
+  rank = {"preset": 0, "none": 1}
+  rows = sorted((r for r in record.get("rows", []) if "estimate" in r), key=lambda r: rank.get(r["variant"], 2))
+  out = {}
+  for row in rows:
+    out.setdefault(_name(row), row)
+  order = list(dict.fromkeys(_name(r) for r in record.get("rows", [])))
+  return {name: out[name] for name in order if name in out}
+
+
 def calibration_markdown(fits: dict | None) -> list[str]:
   """The fitted constants and, per measured point, the estimate against the measured step (leave-one-out too)."""
   if not fits:
@@ -68,8 +79,7 @@ def before_after_markdown(before: dict | None, after: dict, constants: dict | No
   """Per preset: the before record's default program against the newest record's, on an H100."""
   if not before:
     return []
-  firsts = lambda record: {_name(r): r for r in reversed(record.get("rows", [])) if "estimate" in r}
-  old, new = firsts(before), firsts(after)
+  old, new = default_rows(before), default_rows(after)
   lines = ["| preset | GB / step | launches (from the host) | H100 estimate ms | MFU | GiB | remat, unroll |",
            "|---|---|---|---|---|---|---|"]
   for name in [n for n in old if n in new]:
@@ -86,7 +96,7 @@ def before_after_markdown(before: dict | None, after: dict, constants: dict | No
 
 def targets_markdown(record: dict, constants: dict | None) -> list[str]:
   """The issue's targets against the newest record's default programs: met or missed, with the figure."""
-  rows = {_name(r): r for r in reversed(record.get("rows", [])) if "estimate" in r}
+  rows = default_rows(record)
   lines = []
   for name, target in TARGETS.items():
     row = rows.get(name)

@@ -158,7 +158,7 @@ def test_dry_run_falls_back_to_the_cpu_and_writes_the_estimates(tmp_path):
                              "--results", str(tmp_path)])
   [row] = record["rows"]
   assert record["backend"] == "cpu fallback" and row["memory_bytes"] > 0, row
-  assert row["kernels"]["launches_per_step"] > 0 and row["estimate"]["h100"]["step_s"] > 0
+  assert row["kernels"]["launches_per_step"] > 0 and row["estimate"]["h100"]["roofline_s"] > 0
   assert row["estimate"]["h100"]["classes"]["matmul"]["flops"] > 0
   saved = json.loads((tmp_path / "gpu_offline_dry_run.json").read_text())[-1]
   assert saved["rows"][0]["preset"] == "fixed"
