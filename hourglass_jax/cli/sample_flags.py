@@ -21,10 +21,11 @@ _PROMPT_ROWS = flags.DEFINE_integer("prompt_rows", 0, "Images: complete real ima
 _MAX_LEN = flags.DEFINE_integer("max_len", None, "Longest context to decode (default data.seq_len, the trained "
                                 "length).")
 _OUTPUT = flags.DEFINE_string("output", None, "Images: PNG path (default WORKDIR/samples/images_stepN.png).")
-_DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (the same samples; faster at batch 1 where the "
-                             "draft is often right, docs/generation.md): 'ngram' (proposals looked up in the prompt "
-                             "and the text so far) or the workdir or export folder of a smaller model with the same "
-                             "vocabulary.")
+_DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (greedy: the same tokens; at temperature > 0 the "
+                             "same distribution, not the samples this --seed gives without it; faster at batch 1 where "
+                             "the draft is often right, docs/generation.md): 'ngram' (proposals looked up in the "
+                             "prompt and the text so far) or the workdir or export folder of a smaller model with the "
+                             "same vocabulary.")
 _DRAFT_TOKENS = flags.DEFINE_integer("draft_tokens", 4, "Speculative decoding: tokens the draft proposes per pass.")
 _FALLBACK_BELOW = flags.DEFINE_float("fallback_below", None, "Speculative decoding: tokens per pass under which the "
                                      "rest is plain decoding (0 = never; default 1.6, what a batch-1 pass costs in "
