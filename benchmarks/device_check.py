@@ -485,13 +485,14 @@ def main(argv=None) -> dict:
   finally:
     programs.close()
   from benchmarks.common import RESULTS, append_result
+  from hourglass_jax import files
 
   record["wall_s"] = round(time.perf_counter() - clock.start, 1)
   name = "device_" + ("dry_run_" if args.dry_run else "") + _slug(record["environment"]["device_kind"])
   results = pathlib.Path(args.results) if args.results else RESULTS
   path = append_result(name, record, results)
   markdown = path.with_suffix(".md")
-  markdown.write_text(summary_markdown(record))
+  files.write_text(markdown, summary_markdown(record))
   print(summary_markdown(record))
   print(f"results: {path}\nsummary: {markdown}")
   return record

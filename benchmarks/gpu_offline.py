@@ -306,12 +306,12 @@ def save_hlo(folder: pathlib.Path, preset: str, variant: str, hlo_text: str, seq
              compiled_facts: dict) -> pathlib.Path:
   """The optimized HLO of one row, its thunk sequence and what the compile reported (memory, XLA's cost), so
   that `--from-hlo` recomputes the census and the estimate without compiling."""
-  from hourglass_jax.train.run_files import write_atomically
+  from hourglass_jax import files
 
-  folder.mkdir(parents=True, exist_ok=True)
+  files.make_folder(folder)
   stem = f"{preset or 'enwik8'}_{variant}"
   for suffix, text in zip(SAVED, (hlo_text, sequence, metadata, json.dumps(compiled_facts, indent=1))):
-    write_atomically(folder / (stem + suffix), text)
+    files.write_text(folder / (stem + suffix), text)
   return folder / stem
 
 
@@ -397,8 +397,9 @@ def main(argv=None) -> dict:
   path = append_result(name, record, results)
   if args.record == "gpu_offline":
     from benchmarks.gpu_offline_summary import summary_markdown
+    from hourglass_jax import files
 
-    path.with_suffix(".md").write_text(summary_markdown(record, results))
+    files.write_text(path.with_suffix(".md"), summary_markdown(record, results))
   print(f"results: {path}")
   if args.dump_dir:
     shutil.rmtree(args.dump_dir, ignore_errors=True)
