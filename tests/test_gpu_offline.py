@@ -142,6 +142,23 @@ def test_summary_calibrates_the_rows_and_sets_before_against_after(tmp_path):
   assert gpu_offline_summary.latest_summary(tmp_path).startswith("Compiled for NVIDIA H100 80GB HBM3")
 
 
+def test_the_before_after_table_takes_each_preset_s_own_program_over_its_variants():
+  scanned = dict(_row("", 6000, 0.16), variant="scanned", scan_unroll=1)
+  dots = dict(_row("", 3500, 0.11), variant="dots", remat_policy="dots_saveable")
+  rows = gpu_offline_summary.default_rows(dict(rows=[scanned, dots, _row("", 3000, 0.10), _row("fixed", 900, 0.04)]))
+  assert list(rows) == ["enwik8", "fixed"] and rows["enwik8"]["variant"] == "preset"
+  others = gpu_offline_summary.default_rows(dict(rows=[dots, scanned]))  # no "preset" row: the first in order
+  assert others["enwik8"]["variant"] == "dots"
+
+
+def test_saved_hlo_is_read_back_and_a_row_not_saved_is_named(tmp_path):
+  facts = dict(memory_bytes=3 * 2**30, cost_bytes=1e9)
+  gpu_offline.save_hlo(tmp_path / "hlo", "large", "preset", "HloModule m", "thunks", "metadata", facts)
+  assert gpu_offline.load_saved(tmp_path / "hlo", "large", "preset") == ("HloModule m", "thunks", "metadata", facts)
+  assert gpu_offline.load_saved(tmp_path / "hlo", "", "preset") is None
+  assert not [p.name for p in (tmp_path / "hlo").iterdir() if p.name.startswith(".")]  # no temporary left
+
+
 def test_unknown_presets_and_a_missing_plugin_are_named(monkeypatch, capsys):
   with pytest.raises(SystemExit):
     gpu_offline.parse_args(["--presets", "enwik9"])
