@@ -53,6 +53,14 @@ def default_rows(record: dict) -> dict[str, dict]:
   return {name: out[name] for name in order if name in out}
 
 
+def _other_fits(row: dict, fits: dict | None) -> str:
+  """The row's H100 estimate by each alternative fit (host launches; scaled roofline), the estimate's spread."""
+  if not fits or "thunks" not in row:
+    return "-"
+  return " / ".join(f"{gpu_calibration.estimate(row, 'h100', fit, model) * 1e3:.1f}"
+                    for fit, model in zip(fits["alternatives"], gpu_calibration.ALTERNATIVES))
+
+
 def calibration_markdown(fits: dict | None) -> list[str]:
   """The fitted constants and, per measured point, the estimate against the measured step (leave-one-out too)."""
   if not fits:
@@ -68,7 +76,7 @@ def calibration_markdown(fits: dict | None) -> list[str]:
     lines.append(f"| {p['preset'] or 'enwik8'} | {p['measured_s'] * 1e3:.1f} | {p['roofline_s'] * 1e3:.1f} | "
                  f"{p['launches']:,.0f} | {p['estimate_s'] * 1e3:.1f} ({p['error']:+.1%}) | "
                  f"{p['loo_estimate_s'] * 1e3:.1f} ({p['loo_error']:+.1%}) |")
-  lines += ["", "Fitted beside it (not used): " + "; ".join(
+  lines += ["", "Fitted beside it (the last column of the rows below): " + "; ".join(
       f"{alt['name']}: " + (f"a = {alt['scale']:.2f}, " if alt["scale"] != 1.0 else "")
       + f"launch_s = {alt['launch_s'] * 1e6:.2f} us, worst leave-one-out error {alt['worst_loo_error']:.1%}"
       for alt in fits["alternatives"]) + "."]
@@ -143,17 +151,19 @@ def summary_markdown(record: dict, results_dir=None) -> str:
   if targets:
     lines += ["", "Targets (H100, calibrated estimate):", ""] + targets
   lines += ["", "| preset | remat | unroll | GiB | GB / step | launches (from the host) | roofline ms: "
-            + ", ".join(_CLASSES) + " | H100 ms | H200 ms | MFU (H100) |", "|---|---|---|---|---|---|---|---|---|---|"]
+            + ", ".join(_CLASSES) + " | H100 ms | H200 ms | MFU (H100) | H100 ms by the other fits |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in record.get("rows", []):
     if "error" in row:
-      lines.append(f"| {_name(row)} | {row['variant']} | {row['error'][:100]} |  |  |  |  |  |  |  |")
+      lines.append(f"| {_name(row)} | {row['variant']} | {row['error'][:100]} |  |  |  |  |  |  |  |  |")
       continue
     h100 = row["estimate"]["h100"]
     classes = " / ".join(f"{h100['classes'][k]['seconds'] * 1e3:.1f}" for k in _CLASSES)
     ms100, ms200 = calibrated_ms(row, "h100", constants), calibrated_ms(row, "h200", constants)
     lines.append(f"| {_name(row)} | {row.get('remat_policy', row['variant'])} | {row.get('scan_unroll', 1)} | "
                  f"{row['memory_bytes'] / 2**30:.1f} | {_gb(row):.1f} | {row['kernels']['launches_per_step']:,.0f} "
-                 f"({_host(row)}) | {classes} | {_ms(ms100)} | {_ms(ms200)} | {_mfu(row, ms100)} |")
+                 f"({_host(row)}) | {classes} | {_ms(ms100)} | {_ms(ms200)} | {_mfu(row, ms100)} | "
+                 f"{_other_fits(row, fits)} |")
   first = next((r for r in record.get("rows", []) if "estimate" in r), None)
   if first:
     lines += ["", f"Top kernels of `{_name(first)}` (remat {first.get('remat_policy', first['variant'])}) by H100 "

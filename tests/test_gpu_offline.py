@@ -139,6 +139,10 @@ def test_summary_calibrates_the_rows_and_sets_before_against_after(tmp_path):
   assert f"| enwik8 | 60.0 -> 60.0 | 6,000 (1) -> 3,000 (1) | {ms(0.16, 6000)} -> {ms(0.10, 3000)} |" in text
   assert "- enwik8 launches <= 2,000: 3,000.0 (missed)" in text and "| large | dots | XlaRuntimeError: boom" in text
   assert "- dynamic within 1.1x of fixed, launches: 1.10x (met)" in text
+  host, scaled = fits["alternatives"]  # the other fits' estimates close each row: the estimate's spread
+  by_host, by_scaled = 0.10 + host["launch_s"] * 1, scaled["scale"] * 0.10 + scaled["launch_s"] * 3000
+  other = f"{by_host * 1e3:.1f} / {by_scaled * 1e3:.1f}"
+  assert any(line.startswith("| enwik8 | none | 0 |") and line.endswith(f"| {other} |") for line in text.splitlines())
   assert gpu_offline_summary.latest_summary(tmp_path).startswith("Compiled for NVIDIA H100 80GB HBM3")
 
 
