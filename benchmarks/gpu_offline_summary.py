@@ -176,13 +176,13 @@ def summary_markdown(record: dict, results_dir=None) -> str:
 
 
 def compact_markdown(record: dict, results_dir=None) -> str:
-  """BENCHMARKS.md's view: the calibration line, before / after, the targets and the top five kernels of the
-  first row (results/gpu_offline.md has every column)."""
+  """BENCHMARKS.md's view: the calibration line, before / after and the targets (results/gpu_offline.md has every
+  row and the top kernels)."""
   fits = gpu_calibration.calibrate(results_dir)
   constants = fits["model"] if fits else None
   lines = [f"Compiled for {record.get('device_kind', '?')} ({record.get('backend', '?')}, jax "
-           f"{record.get('jax', '?')}) by `python benchmarks/gpu_offline.py`: nothing ran on a GPU. Every column in "
-           "`benchmarks/results/gpu_offline.md`.", ""]
+           f"{record.get('jax', '?')}) by `python benchmarks/gpu_offline.py`: nothing ran on a GPU. Every column: "
+           "`benchmarks/results/gpu_offline.md`; the changes and each miss: docs/gpu.md.", ""]
   lines += calibration_markdown(fits)[:1]
   table = before_after_markdown(_labelled(results_dir, "before"), record, constants)
   if table:
@@ -190,13 +190,6 @@ def compact_markdown(record: dict, results_dir=None) -> str:
   targets = targets_markdown(record, constants)
   if targets:
     lines += ["", "Targets (H100, calibrated estimate):", ""] + targets
-  rows = [r for r in record.get("rows", []) if "estimate" in r]
-  if rows:
-    first = rows[0]
-    lines += ["", f"Top kernels of `{_name(first)}` ({first.get('remat_policy', first['variant'])}), H100:", "",
-              "| class | source | launches | GB | ms |", "|---|---|---|---|---|"]
-    lines += [f"| {k['kind']} | `{k['source'] or k['label']}` | {k['launches']:.0f} | {k['bytes'] / 1e9:.2f} | "
-              f"{k['seconds'] * 1e3:.2f} |" for k in first["estimate"]["h100"]["top"][:5]]
   return "\n".join(lines) + "\n"
 
 
