@@ -83,6 +83,8 @@ TRAIN_CASES = {
                            attention_dropout=0.0, attention_impl="xla"),
     "no_dropout": _case("ablation: enwik8 without dropout", dropout=0.0, attention_dropout=0.0),
     "remat_dots": _case("ablation: enwik8 dropout 0.2, remat dots_saveable", remat="dots_saveable"),
+    # the preset unrolls its stacks (one command buffer, no per-layer bookkeeping): the scanned step against it
+    "rolled": _case("ablation: enwik8 dropout 0.2, stacks scanned (scan_unroll=1)", scan_unroll=1),
     "vanilla": _case("ablation: vanilla 34@1 (equal depth), dropout 0.2", kind="vanilla", hierarchy="34@1"),
     "untuned_blocks": _case("ablation: enwik8 dropout 0.2, flash blocks 64 x 64 / 32", blocks="default"),
     # not run by default: the kernel 'auto' used with dropout before the flash kernel, to compare
@@ -110,7 +112,7 @@ def parse_args(argv=None):
   parser.add_argument("--max_steps", type=int, default=30, help="timed steps per measurement at most")
   parser.add_argument("--decode_tokens", type=int, default=64)
   parser.add_argument("--probe_size", type=int, default=8192, help="side of the bfloat16 peak matmul")
-  parser.add_argument("--compile_workers", type=int, default=3,
+  parser.add_argument("--compile_workers", type=int, default=6,
                       help="programs compiled ahead at once (0: each compiled when its stage reaches it)")
   parser.add_argument("--skip", default="", help="stages to leave out: tests,train,profile,decode,speculative")
   parser.add_argument("--cases", default=DEFAULT_CASES, help="train cases, of " + ",".join(TRAIN_CASES))
@@ -200,6 +202,19 @@ def pytest_outcome(output: str) -> dict:
   return dict(counts=counts, failures=re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M))
 
 
+def _commit() -> str | None:
+  """The checkout's commit (None without git): benchmarks/gpu_calibration.py compiles that code to fit its
+  estimate to this run's steps."""
+  try:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if done.returncode != 0:
+    return None
+  return done.stdout.strip() or None
+
+
 def environment(args) -> dict:
   import jax
 
@@ -219,7 +234,7 @@ def environment(args) -> dict:
   for _ in range(3 if args.dry_run else 20):
     probe()
   nominal, source = metrics.peak_flops_per_device(0.0, "bfloat16")
-  return dict(machine=machine_info(), versions=versions, device_kind=device.device_kind,
+  return dict(machine=machine_info(), versions=versions, commit=_commit(), device_kind=device.device_kind,
               platform_version=getattr(device.client, "platform_version", ""),
               compute_capability=str(getattr(device, "compute_capability", "")),
               memory_limit=(stats or {}).get("bytes_limit"), peak_measured_bf16=probe.best,
@@ -470,13 +485,14 @@ def main(argv=None) -> dict:
   finally:
     programs.close()
   from benchmarks.common import RESULTS, append_result
+  from hourglass_jax import files
 
   record["wall_s"] = round(time.perf_counter() - clock.start, 1)
   name = "device_" + ("dry_run_" if args.dry_run else "") + _slug(record["environment"]["device_kind"])
   results = pathlib.Path(args.results) if args.results else RESULTS
   path = append_result(name, record, results)
   markdown = path.with_suffix(".md")
-  markdown.write_text(summary_markdown(record))
+  files.write_text(markdown, summary_markdown(record))
   print(summary_markdown(record))
   print(f"results: {path}\nsummary: {markdown}")
   return record

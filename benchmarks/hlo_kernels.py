@@ -6,10 +6,10 @@ GEMM fusions, loop and reduction fusions), custom calls (cuBLAS, cuDNN, Pallas /
 gets a class (`CLASSES`), its bytes read and written (operands + outputs, a dynamically sliced operand counted at
 its slice, an in-place update at the update) and its matmul FLOPs (2 x output x contracted size of each dot).
 
-`roofline(kernels, gpu)` gives each kernel max(FLOPs / peak, bytes / bandwidth) plus a launch cost, at the peaks of
-`GPUS` (published bf16 dense tensor-core peak and HBM bandwidth). It is a lower bound of the step time for a
-program whose every kernel ran at its roofline; the measured/estimated ratio says how far each class is from it.
-No jax here: the text is all it reads.
+`roofline(kernels, gpu, launch_s=...)` gives each kernel max(FLOPs / peak, bytes / bandwidth) at the peaks of `GPUS`
+(published bf16 dense tensor-core peak and HBM bandwidth), plus `launch_s` per launch: a lower bound of the step
+for a program whose every kernel ran at its roofline. The launch cost is not a published figure: it is fitted to
+measured steps (benchmarks/gpu_calibration.py). No jax here: the text is all it reads.
 """
 
 import json
@@ -25,7 +25,6 @@ GPUS = {
     "h200": dict(name="NVIDIA H200", bf16_flops=989.4e12, hbm_bytes_per_s=4.8e12, exp_per_s=3.9e12,
                  int_ops_per_s=132 * 64 * 1.98e9, memory_bytes=141 * 10**9),
 }
-LAUNCH_S = 2e-6  # a kernel's launch and tail: XLA:GPU runs the step as a CUDA graph, a few microseconds each
 CLASSES = ("matmul", "attention", "elementwise", "reduction", "copy", "other")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
           "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5}
@@ -231,18 +230,19 @@ def _kernel(i: Instruction, shapes: dict[str, str], facts, times: float) -> dict
               bytes=float(sum(operand_bytes) + out_bytes), op_name=i.op_name())
 
 
-def seconds(kernel: dict, gpu: dict, extra=None) -> float:
+def seconds(kernel: dict, gpu: dict, extra=None, launch_s: float = 0.0) -> float:
   """One launch's roofline time on `gpu` (a `GPUS` entry): the slowest of its tensor-core FLOPs, its HBM bytes and
-  `extra(kernel, gpu)` (non-tensor-core work, e.g. attention's exp2 and dropout hash), plus the launch cost."""
+  `extra(kernel, gpu)` (non-tensor-core work, e.g. attention's exp2 and dropout hash), plus `launch_s`."""
   return max(kernel["flops"] / gpu["bf16_flops"], kernel["bytes"] / gpu["hbm_bytes_per_s"],
-             extra(kernel, gpu) if extra else 0.0) + LAUNCH_S
+             extra(kernel, gpu) if extra else 0.0) + launch_s
 
 
-def roofline(kernel_list: list[dict], gpu: dict, extra=None) -> dict:
-  """Per class: launches, FLOPs, bytes and roofline seconds of one step on `gpu`, and their totals."""
+def roofline(kernel_list: list[dict], gpu: dict, extra=None, launch_s: float = 0.0) -> dict:
+  """Per class: launches, FLOPs, bytes and roofline seconds (+ `launch_s` per launch) of one step on `gpu`, and
+  their totals."""
   by_class = {k: dict(launches=0.0, flops=0.0, bytes=0.0, seconds=0.0) for k in CLASSES}
   for k in kernel_list:
-    time_s = seconds(k, gpu, extra)
+    time_s = seconds(k, gpu, extra, launch_s)
     row = by_class[k["kind"]]
     row["launches"] += k["count"]
     row["flops"] += k["flops"] * k["count"]
@@ -252,15 +252,16 @@ def roofline(kernel_list: list[dict], gpu: dict, extra=None) -> dict:
   return dict(classes=by_class, total=total)
 
 
-def top(kernel_list: list[dict], gpu: dict, n: int = 12, extra=None) -> list[dict]:
-  """The n kernels (same label and source merged) with the largest roofline time per step on `gpu`."""
+def top(kernel_list: list[dict], gpu: dict, n: int = 12, extra=None, launch_s: float = 0.0) -> list[dict]:
+  """The n kernels (same label and source merged) with the largest roofline time (+ `launch_s` per launch) per
+  step on `gpu`."""
   merged = {}
   for k in kernel_list:
     key = (k["kind"], k["label"], _short_source(k["op_name"]))
     row = merged.setdefault(key, dict(kind=key[0], label=key[1], source=key[2], launches=0.0, seconds=0.0,
                                       flops=0.0, bytes=0.0))
     row["launches"] += k["count"]
-    row["seconds"] += seconds(k, gpu, extra) * k["count"]
+    row["seconds"] += seconds(k, gpu, extra, launch_s) * k["count"]
     row["flops"] += k["flops"] * k["count"]
     row["bytes"] += k["bytes"] * k["count"]
   return sorted(merged.values(), key=lambda r: -r["seconds"])[:n]

@@ -8,9 +8,10 @@
     hourglass-train --config=configs/gpu.py:dynamic --workdir=...    learned shortening (whitespace, 2@1 8@4 2@1)
     hourglass-train --config=configs/gpu.py:fixed --workdir=...      its fixed twin (avg pooling, same levels)
 
-The batches are sized from the compiled step's memory analysis (benchmarks/device_check.py prints it), not yet
-measured on a GPU; the learning rate is the paper's, not retuned for the batch. Steps and intervals keep the
-paper's tokens (scaled by 8 / batch).
+The batches are sized from the compiled step's memory analysis (benchmarks/device_check.py prints it); the
+learning rate is the paper's, not retuned for the batch. Steps and intervals keep the paper's tokens (scaled by
+8 / batch). How each step executes (`EXECUTION`: stacks unrolled, no remat) is chosen by the calibrated offline
+estimate of benchmarks/gpu_offline.py (docs/gpu.md), not by habit; the function is the same either way.
 """
 
 import importlib.util
@@ -29,6 +30,12 @@ PRESETS = {
 }
 
 
+# Execution only (same function, same parameters), per preset, from benchmarks/results/gpu_offline.md: every
+# stack unrolled (scan_unroll=0: no loop bookkeeping, the whole step one CUDA graph; half the kernels of a scanned
+# step) and no remat (with the stacks unrolled, remat dots_saveable estimates slower and every preset fits 80 GB).
+EXECUTION = {preset: dict(scan_unroll=0, remat=False) for preset in PRESETS}
+
+
 def _enwik8_config():
   """configs/enwik8.py's settings (config files are loaded by path, not imported as a package)."""
   spec = importlib.util.spec_from_file_location("enwik8", pathlib.Path(__file__).with_name("enwik8.py"))
@@ -44,7 +51,9 @@ def get_config(preset: str = ""):
   chosen = PRESETS[preset]
   cfg = _enwik8_config()
   ratio = cfg.data.batch_size / chosen["batch_size"]
-  cfg.model.update(dtype="bfloat16", **chosen["model"])
+  execution = EXECUTION[preset]
+  cfg.model.update(dtype="bfloat16", scan_unroll=execution["scan_unroll"], **chosen["model"])
+  cfg.train.remat = execution["remat"]
   if "predictor" in chosen:
     cfg = with_dynamic_shortening(cfg, chosen["predictor"], "gpu")
   cfg.data.batch_size = chosen["batch_size"]

@@ -34,7 +34,9 @@ def test_presets_decoding_and_the_hook_come_before_the_ablations():
   presets, ablations = device_check.split_cases(device_check.DEFAULT_CASES)
   assert presets == list(device_check.PRESET_CASES) and "fixed" in presets
   assert {"attention_flash", "attention_cudnn", "attention_xla", "no_dropout", "remat_dots", "vanilla",
-          "untuned_blocks"} <= set(ablations)
+          "untuned_blocks", "rolled"} <= set(ablations)
+  rolled = device_check.train_config("", device_check.TRAIN_CASES["rolled"]["model"], False)
+  assert rolled.model.scan_unroll == 1 and device_check.train_config("", {}, False).model.scan_unroll == 0
   args = device_check.parse_args(["--dry-run"])
   assert args.tests_s <= 90 and not args.full_tests and args.decode_batches == [1, 2, 4]
   vanilla = device_check.train_config("", device_check.TRAIN_CASES["vanilla"]["model"], False)

@@ -16,6 +16,7 @@ from hourglass_jax.model.positions import apply_rope, relative_distance_index, s
 from hourglass_jax.ops.attention import dot_product_attention
 from hourglass_jax.ops.block_attention import relative_bias
 from hourglass_jax.ops.dropout import Dropout
+from hourglass_jax.ops.layer_norm import layer_norm as fused_layer_norm
 from hourglass_jax.ops.weight_gradient import dense_dot_general
 from hourglass_jax.sharding import LAYERS_AXIS
 
@@ -42,10 +43,25 @@ def _flat_partitioned(init, axes: tuple[str, ...]):
   return lambda rng, shape, dtype=jnp.float32: _FlatPartitioned(init(rng, shape, dtype), axes)
 
 
+class LayerNorm(nn.Module):
+  """nn.LayerNorm(epsilon, dtype) over the last axis, with its parameters ('scale', 'bias': float32 [features],
+  logical axis 'embed') and values, whose backward pass keeps only the input and two numbers per row
+  (ops/layer_norm.py)."""
+  epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    features = (x.shape[-1],)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)), features,
+                       jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), features,
+                      jnp.float32)
+    return fused_layer_norm(x, scale, bias, self.epsilon, self.dtype)
+
+
 def layer_norm(cfg: LayerConfig, name: str | None = None):
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name=name,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))
+  return LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name=name)
 
 
 def causal_mask(length: int) -> np.ndarray:
