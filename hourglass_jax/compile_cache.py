@@ -1,15 +1,18 @@
 """The persistent XLA compilation cache: where it lives, turning it on, and counting its hits from jax's
 monitoring events (a hit loads a compiled program from disk instead of compiling it again)."""
 
+import contextlib
 import dataclasses
 import os
+import re
 import sys
-import tempfile
+import time
+import warnings
 
 import jax
 from jax import monitoring
 
-from hourglass_jax import paths
+from hourglass_jax import files, paths
 
 _EVENTS = "/jax/compilation_cache/"
 _FIELDS = {_EVENTS + "compile_requests_use_cache": "requests", _EVENTS + "cache_hits": "hits",
@@ -85,16 +88,55 @@ def enable(location: str, log=_warn) -> str | None:
   if not paths.is_remote(location):
     location = os.path.abspath(os.path.expanduser(location))
     try:
-      os.makedirs(location, exist_ok=True)
-      tempfile.TemporaryFile(dir=location).close()
-    except OSError as error:
+      files.probe_writable(location)
+    except (OSError, ValueError) as error:
       jax.config.update("jax_enable_compilation_cache", False)
-      log(f"warning: compilation cache {location} is not writable ({error.strerror or error}); continuing "
-          "without it (--compilation_cache=DIR moves it, =off silences this).")
+      log(f"warning: compilation cache {location} is not writable ({getattr(error, 'strerror', None) or error}); "
+          "continuing without it (--compilation_cache=DIR moves it, =off silences this).")
       return None
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", location)
+  _full_cache_in_one_line(log)
   return location
+
+
+_CACHE_WRITE = re.compile(r"Error writing persistent compilation cache entry for '([^']*)': (.*)", re.DOTALL)
+
+
+def _full_cache_in_one_line(log) -> None:
+  """jax warns, with its source line, when it cannot store a compiled program; a full disk or the file-size limit
+  (`ulimit -f`) becomes one line saying what it costs (the program compiles again next run), and the partial entry
+  jax leaves (it writes entries in place, and never replaces one) is deleted. Other warnings pass."""
+  previous = warnings.showwarning
+  if getattr(previous, "full_cache_in_one_line", False):
+    return
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    match = _CACHE_WRITE.match(str(message))
+    cause = match and paths.disk_full(OSError(str(message)))
+    if not cause:
+      previous(message, category, filename, lineno, file, line)
+      return
+    _remove_partial_entry(match.group(1))
+    log(f"warning: the compilation cache could not store {match.group(1)} ({cause}); it compiles again next run "
+        "(--compilation_cache=off silences this).")
+
+  show.full_cache_in_one_line = True
+  warnings.showwarning = show
+
+
+def _remove_partial_entry(program: str, seconds: float = 120.0) -> None:
+  """Deletes the newest entry of `program` written in the last `seconds` in a local cache folder: the one a write
+  that just failed left partial (a good one deleted by mistake costs one compile)."""
+  folder = directory()
+  if folder is None or paths.is_remote(folder) or not os.path.isdir(folder):
+    return
+  entries = [os.path.join(folder, name) for name in os.listdir(folder)
+             if name.startswith(f"{program}-") and name.endswith("-cache")]
+  recent = [path for path in entries if time.time() - os.path.getmtime(path) < seconds]
+  if recent:
+    with contextlib.suppress(OSError):
+      os.unlink(max(recent, key=os.path.getmtime))
 
 
 def describe(span: Counts) -> str:

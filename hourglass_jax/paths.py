@@ -107,8 +107,10 @@ def _check_local_folder(text: str, what: str, create: bool) -> None:
     above = os.path.dirname(above)
   if not os.path.isdir(above):
     raise ValueError(f"{what}={text} lies under the file {above}; pass a folder in a writable location.")
+  from hourglass_jax import files  # pylint: disable=import-outside-toplevel  (files reads this module)
+
   try:
-    os.makedirs(folder, exist_ok=True)
+    files.make_folder(folder)
   except OSError as error:
     raise ValueError(f"{what}={text} cannot be created ({error.strerror}); pass a folder in a writable "
                      "location.") from error
@@ -139,10 +141,34 @@ def remove_empty_folders(root) -> None:
       pass
 
 
-def is_disk_full(error: BaseException | None) -> bool:
-  """Whether `error`, or an exception it was raised from or during, is ENOSPC (Orbax and TensorStore wrap it)."""
+# errno -> (how the OS words it, what it means here): each is met as a full disk is (stop, keep saved work, say so).
+_FULL = {errno.ENOSPC: ("No space left on device", "no space left on device"),
+         errno.EDQUOT: ("Disk quota exceeded", "disk quota exceeded"),
+         errno.EFBIG: ("File too large", "file too large: this process's file-size limit, ulimit -f, was reached")}
+
+
+def disk_full(error: BaseException | None) -> str | None:
+  """What filled up when `error`, or an exception it was raised from or during, is a full disk (ENOSPC), a full
+  quota (EDQUOT) or the file-size limit (EFBIG, `ulimit -f`); Orbax and TensorStore wrap these in their own
+  errors, naming them in the text. None for any other error."""
   while error is not None:
-    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
-      return True
+    if isinstance(error, OSError) and error.errno in _FULL:
+      return _FULL[error.errno][1]
+    text = str(error)
+    for code, (words, cause) in _FULL.items():
+      if words in text or f"os_error_code='{code}'" in text:
+        return cause
     error = error.__cause__ or error.__context__
-  return False
+  return None
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+  return disk_full(error) is not None
+
+
+def free_space(cause: str, elsewhere: str) -> str:
+  """The fix of a `disk_full` cause, a sentence's start: free space or `elsewhere` (another place to write), or
+  for the file-size limit, raise it."""
+  if cause == _FULL[errno.EFBIG][1]:
+    return "Raise the file-size limit (ulimit -f unlimited, or ask your administrator)"
+  return f"Free {'disk space' if cause == _FULL[errno.ENOSPC][1] else 'space within your disk quota'} (or {elsewhere})"

@@ -1,5 +1,6 @@
 """Device mesh (data, fsdp, tensor) from the config, logical-axis rules, and the shardings built from them."""
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -7,6 +8,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from hourglass_jax.settings import Section
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -26,6 +29,16 @@ DEFAULT_RULES = (
     (LAYERS_AXIS, None),  # the leading axis of scanned block parameters: replicated (map it to pipeline stages later)
 )
 LOGICAL_AXES = tuple(name for name, _ in DEFAULT_RULES)  # every logical axis name the model code uses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshSettings(Section):
+  """The `mesh` config section: the device mesh's axis sizes and the logical-axis rule table."""
+  data: int = -1  # data-parallel devices (-1 = the devices the other axes leave)
+  fsdp: int = 1  # devices the parameters' 'embed' dimension and the batch are split over (ZeRO-3 style)
+  tensor: int = 1  # devices heads, mlp and vocab are split over (Megatron style)
+  rules: tuple = DEFAULT_RULES  # logical axis -> mesh axes (None = replicated), as DEFAULT_RULES
+  NAME = "mesh"
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:

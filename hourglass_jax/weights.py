@@ -1,18 +1,16 @@
 """Parameters as a safetensors file plus a JSON model card, for use outside a training workdir: `save_params` writes
-`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel') and `config.json` (the
-model section, what the weights are and each array's SHA-256), both atomically; `load_params` builds the model from
-the card and checks every array's name, shape and checksum."""
+`model.safetensors` (flat '/'-joined keys such as 'body/pre/blocks/attention/query/kernel'), `config.json` (the
+model section, what the weights are and each array's SHA-256) and the same card as a Hugging Face Hub `README.md`
+(hub_card.py), all atomically; `load_params` builds the model from the card and checks every array's name, shape
+and checksum."""
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-import signal
-import threading
-import uuid
 import warnings
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -22,7 +20,7 @@ import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
-from hourglass_jax import __version__, paths
+from hourglass_jax import __version__, files, hub_card, paths
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import function_changes
 
@@ -47,14 +45,15 @@ def checksum(array) -> str:
 
 def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len: int | None = None,
                 dtype: str | None = None, overwrite: bool = False, about: dict | None = None) -> dict:
-  """Writes `output_dir`/model.safetensors and config.json (local folder or gs://); returns the card.
+  """Writes `output_dir`/model.safetensors, config.json and README.md (local folder or gs://); returns the card.
 
   `params` as `model.init` or a checkpoint gives them, `model_cfg` the model section they belong to; `about`: more
   fields of the card (what hourglass-export adds: the training data and scores, license, intended use); `dtype`
-  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). Both files
-  are written under temporary names and renamed into place (`_write_atomically`), so Ctrl-C or a full disk leaves
-  the previous export (or nothing) rather than a truncated file or half of this one. A folder holding another
-  export (other arrays) is replaced only with `overwrite`; the same export again is allowed.
+  'bfloat16' halves the file (floating arrays only), None keeps them as they are (float32 as trained). The files
+  are written into a new folder that then takes `output_dir`'s place at once (`_write_atomically`), so Ctrl-C, a
+  kill or a full disk leaves the previous export (or nothing), never a truncated file or new weights beside an old
+  card. A folder holding another export (other arrays) is replaced only with `overwrite`; the same export again is
+  allowed; a folder holding other files than an export's is refused.
   """
   if dtype is not None and dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)} (or None: as saved).")
@@ -70,57 +69,47 @@ def save_params(params, model_cfg, output_dir, step: int | None = None, seq_len:
               checksums={key: checksum(value) for key, value in sorted(flat.items())})
   text = json.dumps(card, indent=2)
   out = paths.as_path(output_dir)
+  files.refuse_link(out, "a folder")
   if not overwrite:
     _check_replaceable(out, card)
-  out.mkdir(parents=True, exist_ok=True)
-  for stray in [*out.glob(f".{WEIGHTS_FILE}.*.tmp"), *out.glob(f".{CARD_FILE}.*.tmp")]:
-    stray.unlink(missing_ok=True)  # left by a killed export
-  # Serialised in memory and written through epath, so a gs:// output works as a local one does.
+  # Serialised in memory and written through epath, so a gs:// output works as a local one does. README.md is the
+  # same card for the Hugging Face Hub (YAML front matter and prose), rewritten with every export.
   _write_atomically(out, {WEIGHTS_FILE: safetensors.numpy.save(flat, metadata={"format": FORMAT, CARD_KEY: text}),
-                          CARD_FILE: (text + "\n").encode()})
+                          CARD_FILE: (text + "\n").encode(), hub_card.README_FILE: hub_card.readme(card).encode()})
   return card
 
 
-def _write_atomically(out, files: dict[str, bytes]) -> None:
-  """Writes each file under a temporary name in `out`, then renames them all into place, holding back a Ctrl-C
-  until the renames are done: the folder holds the previous export or the new one, whole. A kill (SIGKILL) between
-  the renames leaves new weights beside the old card, which load_params refuses by its checksums; rerunning the
-  export repairs it. A full disk raises OSError naming the folder; the previous export stays."""
-  staged = [(out / f".{name}.{uuid.uuid4().hex[:8]}.tmp", out / name, data) for name, data in files.items()]
+def _write_atomically(out, contents: dict[str, bytes]) -> None:
+  """Writes the export's files into a new folder that then replaces `out` whole (files.atomic_folder): `out` holds
+  the previous export or the new one, never a mix. A folder holding other files than an export's (and stray
+  temporaries of a killed one) is refused, not replaced. A full disk or the file-size limit raises OSError naming
+  the folder and the fix; the previous export stays. (On a bucket, which has no folder renames, the files are
+  written one by one, the card last.)"""
+  others = _other_files(out, contents)
+  if others:
+    raise ValueError(f"{out} holds files that are not an export's ({', '.join(others[:3])}); an export replaces its "
+                     "folder whole, so pass a new or empty folder (or an earlier export's) as --output.")
   try:
-    for temporary, _, data in staged:
-      temporary.write_bytes(data)
-    with _interrupts_held():
-      for temporary, path, _ in staged:
-        temporary.replace(path)
-  except BaseException as error:
-    for temporary, _, _ in staged:
-      with contextlib.suppress(OSError):
-        temporary.unlink(missing_ok=True)
-    if isinstance(error, OSError) and paths.is_disk_full(error):
-      raise OSError(f"disk full: writing the export to {out} failed (No space left on device); nothing of it was "
-                    "kept (a previous export there is intact). Free disk space or pass another --output folder, "
-                    "then rerun.") from error
-    raise
+    with files.atomic_folder(out) as staging:
+      for name, data in contents.items():
+        files.write_bytes(staging / name, data)
+  except OSError as error:
+    cause = paths.disk_full(error)
+    if not cause:
+      raise
+    size = sum(map(len, contents.values()))
+    raise OSError(f"disk full: writing the export to {out} failed ({cause}; the export is {size / 2**20:.1f} MiB); "
+                  f"nothing of it was kept (a previous export there is intact). "
+                  f"{paths.free_space(cause, 'pass another --output folder')}, then rerun.") from error
 
 
-@contextlib.contextmanager
-def _interrupts_held():
-  """Holds back a Ctrl-C (SIGINT) that arrives in the block until it ends (main thread only)."""
-  previous = signal.getsignal(signal.SIGINT)
-  if threading.current_thread() is not threading.main_thread() or previous is None:  # (None: not set from Python)
-    yield
-    return
-  received = []
-  signal.signal(signal.SIGINT, lambda *args: received.append(args))
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGINT, previous)
-    if received and callable(previous):
-      previous(*received[0])
-    elif received and previous == signal.SIG_DFL:
-      raise KeyboardInterrupt
+def _other_files(out, contents: dict[str, bytes]) -> list[str]:
+  """Entries of local folder `out` that an export replacing it would delete and that are no export's."""
+  if paths.is_remote(out) or not os.path.isdir(out) or os.path.islink(out):
+    return []
+  ours = {WEIGHTS_FILE, CARD_FILE, *contents}
+  return sorted(name for name in os.listdir(out)
+                if name not in ours and not any(files.is_temporary(name, of) for of in ours))
 
 
 def _check_replaceable(out, card: dict) -> None:
@@ -203,27 +192,52 @@ def _first_line(error) -> str:
   return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
+MAX_SEQ_LEN = 2**24  # a card's seq_len beyond this is no training length this library could have run
+
+
 def _checked_card(card: dict, where) -> dict:
+  """`card` when each field load_params reads has its type and a sane value; else ValueError naming the card, the
+  field and the fix. The model section is checked as a ModelConfig is, before any model is built from it."""
   if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
     raise ValueError(f"{where} holds no 'model' section in its card: {_AGAIN}.")
-  seq_len = card.get("seq_len")
-  if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-    raise ValueError(f"{where}: the card's seq_len={seq_len!r} must be an integer >= 1 (or null); set it to the "
-                     f"training length or {_AGAIN}.")
+  if card.get("format", FORMAT) != FORMAT:
+    raise ValueError(f"{where}: the card's format={card['format']!r} is not {FORMAT!r}; these are not hourglass_jax "
+                     "weights.")
   version = card.get("format_version", 1)
-  if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+  if type(version) is not int or version < 1:  # (a bool is an int to isinstance)
+    raise ValueError(f"{where}: the card's format_version={version!r} must be an integer, 1 to {FORMAT_VERSION} "
+                     f"(this hourglass_jax reads up to {FORMAT_VERSION}); restore the card's field or {_AGAIN}.")
+  if version > FORMAT_VERSION:
     raise ValueError(f"{where} is format_version {version!r}, newer than this hourglass_jax reads "
                      f"({FORMAT_VERSION}); upgrade hourglass_jax.")
+  for field, low, high in (("seq_len", 1, MAX_SEQ_LEN), ("step", 0, 2**31 - 1), ("num_params", 0, None)):
+    value = card.get(field)
+    if value is not None and (type(value) is not int or value < low or (high is not None and value > high)):
+      bound = f"an integer >= {low}" + (f" and <= {high:,}" if high is not None else "")
+      raise ValueError(f"{where}: the card's {field}={value!r} must be {bound} (or null); restore the card's field "
+                       f"or {_AGAIN}.")
+  for field in ("weights_dtype", "hourglass_jax_version"):
+    if card.get(field) is not None and not isinstance(card[field], str):
+      raise ValueError(f"{where}: the card's {field}={card[field]!r} must be a string; restore the card's field "
+                       f"or {_AGAIN}.")
   checksums = card.get("checksums")
-  if version >= 2 and not (isinstance(checksums, dict) and checksums):
+  if checksums is not None and not (isinstance(checksums, dict) and all(
+      isinstance(key, str) and isinstance(value, str) for key, value in checksums.items())):
+    raise ValueError(f"{where}: the card's checksums must map array names to SHA-256 strings: {_AGAIN}.")
+  if version >= 2 and not checksums:
     raise ValueError(f"{where} is format_version {version} but its card has no 'checksums', so its arrays cannot "
                      f"be verified: {_AGAIN}.")
+  try:
+    ModelConfig.from_dict(card["model"])
+  except (ValueError, TypeError) as error:
+    raise ValueError(f"{where}: the card's model section is not a valid model ({_first_line(error)}); restore it "
+                     f"or {_AGAIN}.") from None
   return card
 
 
 def abstract_params(model, seq_len: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
   """{'body/.../kernel': ShapeDtypeStruct} that `model.init` would create (shapes only, nothing computed)."""
-  tokens = jnp.zeros((1, seq_len or model.cfg.pad_multiple), jnp.int32)
+  tokens = jax.ShapeDtypeStruct((1, seq_len or model.cfg.pad_multiple), jnp.int32)  # shapes only: nothing allocated
   return traverse_util.flatten_dict(nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]),
                                     sep="/")
 
@@ -242,8 +256,21 @@ def _check_arrays(found: Mapping[str, tuple], expected: Mapping[str, jax.ShapeDt
                    "shape, such as attention_impl or dtype), or export the checkpoint again with hourglass-export.")
 
 
-def load_params(path, **overrides):
-  """(model, params) from exported weights: `path` is the folder hourglass-export wrote or its .safetensors file.
+class Loaded(NamedTuple):
+  """What `load_params` returns: unpacks as `model, params`; `.cfg` is the ModelConfig that `generate` and
+  `drafts.Model` take (`read_card` gives the rest of the card)."""
+  model: nn.Module
+  params: dict
+
+  @property
+  def cfg(self) -> ModelConfig:
+    return self.model.cfg
+
+
+def load_params(path, **overrides) -> Loaded:
+  """The model and params of exported weights (`Loaded`: `model, params = load_params(path)`, or
+  `loaded.params` and `loaded.cfg` for `generate`): `path` is the folder hourglass-export wrote or its
+  .safetensors file.
 
   The model is `build_model` of the card's model section with `overrides` (e.g. attention_impl='xla'); params are
   nested NumPy arrays in the model's own dtypes, checked name by name and shape by shape against what `model.init`
@@ -281,4 +308,4 @@ def load_params(path, **overrides):
                        f"{_AGAIN}.")
   # A bfloat16 export is widened back to the dtypes the model was trained in (float32), as it computes in them.
   flat = {key: value.astype(expected[key].dtype, copy=False) for key, value in stored.items()}
-  return model, traverse_util.unflatten_dict(flat, sep="/")
+  return Loaded(model, traverse_util.unflatten_dict(flat, sep="/"))

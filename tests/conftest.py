@@ -35,3 +35,15 @@ def pytest_collection_modifyitems(items):
   """Tests marked slow or multiprocess first (in their order), so that under xdist the long ones start early and
   the many short ones fill the gaps, instead of one long test running alone at the end."""
   items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("multiprocess")))
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+  """One training run per test process, shared by the checkpoint, integrity and export tests (tests that change it
+  work on a copy, tests/helpers.py:copy_checkpoints): checkpoints at steps 2 and 4, its config and trainer, and
+  step 4's state and data position on the host. Paid by whichever test needs it first: those tests are marked
+  slow."""
+  from tests.helpers import trained_run  # pylint: disable=import-outside-toplevel  (after the settings above)
+
+  workdir = tmp_path_factory.mktemp("trained")
+  return workdir, *trained_run(workdir)

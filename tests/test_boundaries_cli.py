@@ -1,6 +1,7 @@
 """hourglass-boundaries: the marked text follows the model's own boundary decisions, from exported weights or a
 training run's newest checkpoint."""
 
+import logging
 import subprocess
 import sys
 
@@ -31,25 +32,26 @@ def exported(tmp_path, **fields):
 
 
 def test_marks_follow_the_whitespace_predictor(tmp_path):
-  text, cuts = show(exported(tmp_path, boundaries="whitespace"), TEXT)
+  text, cuts = show(None, TEXT, workdir=exported(tmp_path, boundaries="whitespace"))  # an export, as --workdir
   np.testing.assert_array_equal(cuts, [byte in WHITESPACE_BYTES for byte in TEXT])
   assert text.splitlines()[0].startswith("First |Citizen:| |Before |we ")
   assert f"{int(cuts.sum())} boundaries in {len(TEXT)} bytes" in text and "'whitespace'" in text
 
 
-def test_a_training_workdir_is_read_directly(tmp_path):
-  """--workdir reads the newest checkpoint (its params and recorded model), no export needed."""
+def test_a_training_workdir_is_read_directly_and_quietly(tmp_path, caplog):
+  """--workdir reads the newest checkpoint (its params and recorded model), no export needed, without Orbax's
+  warnings that the reader opened it read-only; either flag takes either kind of folder."""
   cfg = tiny_config(model=dict(DYNAMIC, boundaries="whitespace", dropout=0.0))
   trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh), Checkpoints(tmp_path / "checkpoints", log=quiet) as checkpoints:
     checkpoints.save(3, trainer.init_state(), {"next_index": 0}, config_record(cfg), force=True)
+  caplog.set_level(logging.WARNING)
   text, cuts = show(None, TEXT, workdir=tmp_path)
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
   np.testing.assert_array_equal(cuts, [byte in WHITESPACE_BYTES for byte in TEXT])
   assert text.splitlines()[0].startswith("First |Citizen:| |Before |we ")
-  with pytest.raises(ValueError, match=f"--weights={tmp_path} is a training workdir, not an export: pass "
-                                       f"--workdir={tmp_path}"):
-    show(tmp_path, TEXT)
-  with pytest.raises(ValueError, match="pass --weights=EXPORTED_FOLDER or --workdir=TRAINING_RUN"):
+  assert show(tmp_path, TEXT)[0] == text  # --weights=WORKDIR reads it too
+  with pytest.raises(ValueError, match="pass --workdir=TRAINING_RUN_OR_EXPORT"):
     show(None, TEXT)
 
 
@@ -77,9 +79,9 @@ def test_gumbel_marks_follow_the_chosen_evaluation(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_command_prints_the_marked_text(tmp_path):
+def test_the_command_prints_the_marked_text_of_an_export(tmp_path):
   weights = exported(tmp_path, boundaries="gumbel")
-  done = subprocess.run([sys.executable, "-m", "hourglass_jax.cli.boundaries", f"--weights={weights}",
+  done = subprocess.run([sys.executable, "-m", "hourglass_jax.cli.boundaries", f"--workdir={weights}",
                          f"--text={TEXT.decode()}", "--gumbel_evaluation=sample"], capture_output=True, text=True,
                         check=True)
   out = done.stdout

@@ -16,15 +16,7 @@ from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
-from tests.helpers import HOURGLASS, copy_checkpoints, quiet, tiny_config, trained_run
-
-
-# One training run (about 30 s on 2 busy cores), paid by whichever test needs it first: those tests are marked slow.
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run with checkpoints at steps 2 and 4, its config and trainer, and step 4's state on the host."""
-  workdir = tmp_path_factory.mktemp("trained")
-  return workdir, *trained_run(workdir)
+from tests.helpers import HOURGLASS, copy_checkpoints, quiet, tiny_config
 
 
 def _restore(trainer, cfg, directory, read_only=False):

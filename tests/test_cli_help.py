@@ -2,14 +2,19 @@
 exits with status 0; every script under benchmarks/, scripts/ and examples/ prints its whole description."""
 
 import importlib.util
+import inspect
+import io
 import pathlib
 import re
 import sys
+import tokenize
 
 import pytest
 
+from hourglass_jax import settings
 from hourglass_jax.cli import main, plot, usage
-from tests.helpers import run
+from hourglass_jax.config import help as config_help
+from tests.helpers import load_config, run
 
 ENTRIES = {"train_entry": usage.TRAIN_FLAGS, "eval_entry": usage.EVAL_FLAGS, "data_entry": usage.DATA_FLAGS,
            "sample_entry": usage.SAMPLE_FLAGS}
@@ -114,3 +119,51 @@ def test_every_scripts_help_prints_its_whole_description(path, monkeypatch, caps
   assert exited.value.code == 0
   printed = " ".join(capsys.readouterr().out.split())
   assert " ".join(module.__doc__.split()) in printed, printed
+
+
+def _config_help(monkeypatch, capsys, entry, *args) -> str:
+  """What `entry --help_config ARGS` prints (it must exit 0 without the command's required flags)."""
+  monkeypatch.setattr(sys, "argv", [f"hourglass-{entry.split('_')[0]}", "--help_config", *args])
+  try:
+    with pytest.raises(SystemExit) as exited:
+      getattr(main, entry)()
+  finally:
+    main.flags.FLAGS.unparse_flags()  # later in-process commands parse afresh
+  assert exited.value.code in (0, None)
+  return capsys.readouterr().out
+
+
+def _listed(text: str) -> dict[tuple[str, str], tuple[str, str]]:
+  """{(section, field): (value, doc)} of a --help_config listing (a long flag has its doc on the next line)."""
+  lines, listed = text.splitlines(), {}
+  for i, line in enumerate(lines):
+    if match := re.match(r"^  --config\.(\w+)\.(\w+)=(.*?)(?:\s{2,}(.*))?$", line):
+      doc = match.group(4) or lines[i + 1].strip()
+      listed[match.group(1), match.group(2)] = (match.group(3), doc)
+  return listed
+
+
+def test_help_config_lists_every_setting_with_its_value_and_its_declared_doc(monkeypatch, capsys):
+  """Every field each section's settings class declares, none else; the config file's value with the command line's
+  override; and as doc the comment on the field's own declaration (constants such as DTYPES spelt out)."""
+  listed = _listed(_config_help(monkeypatch, capsys, "train_entry", f"--config={REPO / 'configs' / 'tiny.py'}",
+                                "--config.model.d_model=64"))
+  declared = {(section, name) for section in config_help.SECTIONS for name in config_help.documented_fields(section)}
+  assert set(listed) == declared and ("model", "attention_dropout") in declared
+  assert ("model", "remat_policy") not in listed  # the train section sets it
+  tiny = load_config("tiny")
+  assert listed["model", "d_model"][0] == "64" and listed["data", "seq_len"][0] == str(tiny.data.seq_len)
+  assert listed["model", "hierarchy"][0] == f"'{tiny.model.hierarchy}'"
+  assert listed["model", "dtype"][1].startswith("float32 | bfloat16 | float16: the compute dtype")
+  for (section, name), (_, doc) in listed.items():
+    owner, raw = settings.declarations(config_help.SECTIONS[section])[name]
+    comments = " ".join(token.string.lstrip("#").strip() for token in tokenize.generate_tokens(
+        io.StringIO(inspect.getsource(owner)).readline) if token.type == tokenize.COMMENT)
+    assert raw and raw in comments, (section, name, raw)  # read from the declaration, not written twice
+    assert doc == config_help.section_docs(section)[name]
+
+
+def test_help_config_without_a_config_lists_the_defaults(monkeypatch, capsys):
+  text = _config_help(monkeypatch, capsys, "eval_entry")
+  assert "the defaults every config file starts from (no --config given)" in text.splitlines()[0]
+  assert _listed(text)["train", "learning_rate"][0] == "0.001"

@@ -1,7 +1,9 @@
 """Hostile inputs to the Python API (issue 45): the layer API checks what the LM checks, the sampling API refuses
 what hourglass-sample refuses, settings that would be ignored or overflow are refused, and data preparation stays
 inside the folder it is given. Issue 55: every<N> levels whose slots cannot hold their segments, or whose
-segments outgrow the window, are refused, and text_files reads a file reached twice once."""
+segments outgrow the window, are refused, and text_files reads a file reached twice once. Issue 64: every setting
+is checked by the typed section that declares it (type, range, choice) before anything compiles, and a divergence
+names train.eps where the update alone is not finite."""
 
 import math
 import os
@@ -15,7 +17,10 @@ from hourglass_jax import compile_cache, paths
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import decode
 from hourglass_jax.model.decode import drafts, filters, sampling
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
+from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
+from hourglass_jax.train.trainer import Trainer
 from tests.helpers import small_config
 
 D = 32
@@ -264,3 +269,61 @@ def test_an_enwik8_archive_of_the_right_size_but_other_bytes_is_refused(tmp_path
   enwik8.check_archive(small, 3, hashlib.sha256(b"abc").hexdigest())
   with pytest.raises(ValueError, match="not enwik8's content"):
     enwik8.check_archive(small, 3, "0" * 64)
+
+
+@pytest.mark.parametrize("section, field, value, message", [
+    ("train", "eps", 0.0, r"train.eps=0.0 must be > 0, and at least 1.2e-38 .*Adam divides by sqrt\(v\) \+ eps"),
+    ("train", "eps", 1e-40, r"train.eps=1e-40 must be > 0, and at least 1.2e-38"),
+    ("train", "seed", -1, r"train.seed=-1 must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("train", "seed", 2**32, r"train.seed=4294967296 must be an integer in \[0, 2\*\*32 - 1\]"),
+    ("train", "steps", 2**31, r"train.steps=2147483648 must be < 2147483648 \(the step counter is a 32-bit"),
+    ("train", "learning_rate", 0.0, r"train.learning_rate=0.0 must be > 0\."),
+    ("train", "weight_decay", -0.1, r"train.weight_decay=-0.1 must be >= 0\."),
+    ("train", "log_every", 0, r"train.log_every=0 must be an integer >= 1\."),
+    ("train", "remat_policy", "everything", r"train.remat_policy='everything'; choose one of nothing_saveable, "),
+    ("checkpoint", "keep", 0, r"checkpoint.keep=0 must be an integer >= 1\."),
+    ("checkpoint", "every_steps", -5, r"checkpoint.every_steps=-5 must be an integer >= 0\."),
+    ("data", "seq_len", 0, r"data.seq_len=0 must be an integer >= 1\."),
+    ("data", "eval_batches", -1, r"data.eval_batches=-1 must be an integer >= 0\."),
+    ("data", "eval_split", "dev", r"data.eval_split='dev'; choose one of train, validation, test, valid\."),
+])
+def test_every_setting_is_checked_by_its_section_before_compiling(section, field, value, message):
+  """Issue 64: each typed section checks its own ranges when built (train.eps=0 was accepted and diverged 78 s
+  later, train.seed=-1 failed after the compile without naming it): the trainer refuses it before compiling."""
+  from hourglass_jax import sharding
+  from tests.helpers import tiny_config
+
+  cfg = tiny_config(**{section: {field: value}})
+  with pytest.raises(ValueError, match=message):
+    Trainer(cfg, sharding.make_mesh(cfg.mesh))
+
+
+@pytest.mark.parametrize("section, field, value, kind", [
+    (TrainSettings, "remat", "yes", "true or false"), (TrainSettings, "steps", 10.0, "an integer"),
+    (TrainSettings, "seed", True, "an integer"), (TrainSettings, "learning_rate", "1e-3", "a number"),
+    (DataSettings, "batch_size", 2.5, "an integer"), (DataSettings, "name", 3, "a string"),
+    (CheckpointSettings, "async_save", 1, "true or false"),
+])
+def test_every_setting_has_its_declared_type(section, field, value, kind):
+  """Issue 64: a setting of another type than its section declares (a config file is Python: it can set anything)
+  is refused naming it; an integer is a number, a bool is not."""
+  with pytest.raises(ValueError, match=rf"^{section.NAME}.{field}={value!r} is a {type(value).__name__}; it must be "
+                                       rf"{kind}\.$"):
+    section(**{field: value})
+  TrainSettings(learning_rate=1, eps=1)  # an int where a float is declared
+
+
+def test_a_divergence_names_eps_when_the_update_alone_is_not_finite():
+  """Issue 64: gradients finite but Adam's update not (a division by sqrt(v) + eps): the message names train.eps,
+  not the learning rate; a non-finite gradient still points at the learning rate."""
+  from hourglass_jax.train.loop import _divergence_message
+
+  nan = float("nan")
+  update = _divergence_message(7, dict(loss=2.0, grad_norm=0.5, update_norm=nan), 5, None, None, eps=1e-9)
+  assert update.endswith("The last checkpoint (step 5) is intact. The gradients are finite but the optimizer's "
+                         "update is not: Adam divides by sqrt(v) + train.eps, and train.eps=1e-09 lets a near-zero "
+                         "second moment blow an update up; raise it (--config.train.eps=1e-8), then rerun.")
+  tiny = _divergence_message(7, dict(loss=nan, grad_norm=nan, update_norm=nan), None, None, None, eps=1e-20)
+  assert "train.eps=1e-20" in tiny and "learning_rate" not in tiny
+  grads = _divergence_message(7, dict(loss=nan, grad_norm=nan, update_norm=nan), None, None, None, eps=1e-9)
+  assert "train.eps" not in grads and "Lower train.learning_rate" in grads

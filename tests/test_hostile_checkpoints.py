@@ -14,14 +14,7 @@ import pytest
 from hourglass_jax.train.checkpoint import FORMAT_KEY, Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.export import export_params
-from tests.helpers import copy_checkpoints, quiet, trained_run
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run with checkpoints at steps 2 and 4 (the programs of test_checkpoint_integrity.py: cached compiles)."""
-  workdir = tmp_path_factory.mktemp("trained")
-  return workdir, *trained_run(workdir)
+from tests.helpers import copy_checkpoints, quiet
 
 
 def _restore(trainer, cfg, directory, **options):

@@ -1,7 +1,9 @@
 """Hostile command lines (issue 45): hourglass-boundaries ends every bad input in one line, and hourglass-sample
 refuses options its kind of data would ignore, a prompt that is not UTF-8 and an --output it cannot write, before
 restoring or compiling anything, and (issue 55) a seed or a number of samples that would overflow, and a prompt
-file longer than the context. The commands run in-process (main() with sys.argv patched)."""
+file longer than the context. Issue 64: hourglass-plot names a damaged metrics.jsonl and an --output it cannot
+write, and hourglass-train refuses train.eps=0 before compiling. The commands run in-process (main() with
+sys.argv patched) but the last."""
 
 import sys
 from unittest import mock
@@ -44,8 +46,7 @@ def test_boundaries_cli_ends_bad_input_in_one_line(fixed_export, tmp_path, case)
   weights, text, expected = {
       "fixed model": (fixed_export, "hello", "shorten='attention_avg'; boundaries come from a model trained with"),
       "missing folder": (tmp_path / "missing", "hello", "does not exist: pass the folder hourglass-export wrote"),
-      "training workdir": (workdir, "hello", f"--weights={workdir} is a training workdir, not an export: pass "
-                                             f"--workdir={workdir}"),
+      "training workdir": (workdir, "hello", f"no readable checkpoint under {workdir}/checkpoints"),  # read as one
       "empty text": (fixed_export, "", "--text is empty"),
       "not utf-8": (fixed_export, "caf\udce9", "--text holds bytes that are not UTF-8"),
   }[case]
@@ -112,3 +113,46 @@ def test_a_prompt_file_is_read_no_further_than_the_context(tmp_path):
 def test_a_vocabulary_beyond_int32_token_ids_is_refused():
   with pytest.raises(ValueError, match=r"model.vocab_size=100,000,000,000 is more than int32 token ids can name"):
     small_config(vocab_size=10**11)
+
+
+def _plot(*args):
+  """hourglass-plot in this process; returns what it exits with."""
+  from hourglass_jax.cli import plot
+
+  flags.FLAGS.unparse_flags()
+  with mock.patch.object(sys, "argv", ["hourglass-plot", *map(str, args)]), pytest.raises(SystemExit) as exit_:
+    plot.main()
+  flags.FLAGS.unparse_flags()
+  return exit_.value.code
+
+
+def test_plot_ends_a_damaged_log_and_an_output_it_cannot_write_in_one_line(tmp_path):
+  """Issue 64: hourglass-plot with random bytes in metrics.jsonl said "'utf-8' codec can't decode" naming no file;
+  --output=FILE/x.png with FILE a file said "[Errno 17] File exists". Each names the path and the fix; a link at
+  the output's name is replaced, never written through."""
+  (tmp_path / "bad").mkdir()
+  (tmp_path / "bad" / "metrics.jsonl").write_bytes(b'{"step": 1, "split": "train", "loss": 1.0}\n\xff\xfe\n')
+  assert _plot(tmp_path / "bad", f"--output={tmp_path / 'c.png'}") == (
+      f"error: {tmp_path}/bad/metrics.jsonl line 2 is not UTF-8 text (byte 1 of the line): the file is damaged; "
+      "restore or delete that line (or move the file aside: a run then starts a new one), then rerun.")
+  (tmp_path / "good").mkdir()
+  (tmp_path / "good" / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 1.0, "bits_per_byte": 1.4}\n')
+  (tmp_path / "FILE").write_text("not a folder")
+  assert _plot(tmp_path / "good", f"--output={tmp_path / 'FILE' / 'x.png'}") == (
+      f"error: {tmp_path}/FILE is a file, not a folder; move it aside or choose another path, then rerun.")
+  assert _plot(tmp_path / "good", f"--output={tmp_path / 'good'}") == (
+      f"error: {tmp_path}/good is a folder, not a file; move it aside (or pass another path) and rerun.")
+  assert (tmp_path / "FILE").read_text() == "not a folder"
+
+
+def test_out_of_range_eps_ends_the_command_before_compiling(tmp_path):
+  """Issue 64: --config.train.eps=0 was accepted and the run "diverged" 78 s later, blaming the learning rate."""
+  from tests.helpers import run, train_command
+
+  bad = run(train_command(tmp_path / "run", "--config.train.eps=0"), devices=1)
+  errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+  assert bad.returncode == 1 and "Traceback" not in bad.stderr and "compile:" not in bad.stdout, bad.stderr[-3000:]
+  assert errors == ["error: train.eps=0.0 must be > 0, and at least 1.2e-38 (float32's smallest normal number): Adam "
+                    "divides by sqrt(v) + eps, and v is 0 for a parameter whose gradients have all been 0 so far, so "
+                    "the update would be NaN. 1e-8 or 1e-9 is usual."]
+  assert not (tmp_path / "run").exists()  # nothing left behind

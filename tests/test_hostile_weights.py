@@ -1,7 +1,9 @@
 """Hostile exports (issue 45): exports are written atomically, never replace another model's export without
 overwrite, carry a checksum of every array that load_params verifies, and every load_params error names the file
 and the fix. Issue 55: a downgraded card cannot switch the checksums off, a keyword cannot change the function, a
-full disk names the folder, and Ctrl-C cannot split an export between its renames."""
+full disk names the folder, and Ctrl-C cannot split an export. Issue 64: an export replaces its folder whole (a kill
+never leaves new weights beside an old card), never through a planted link, the file-size limit is a full disk
+naming the folder and the fix, and a card is checked field by field, naming the card and the field."""
 
 import json
 import shutil
@@ -10,9 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from etils import epath
 
-from hourglass_jax import weights
+from hourglass_jax import files, weights
 from hourglass_jax.model import build_model
 from hourglass_jax.model.decode import unbox_params
 from tests.helpers import small_config
@@ -106,6 +107,32 @@ def test_a_broken_card_names_itself_and_the_fix(exported, tmp_path, card, messag
     weights.load_params(folder)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("format_version", True, r"format_version=True must be an integer, 1 to 2 \(this hourglass_jax reads up to 2\)"),
+    ("format_version", "2", r"format_version='2' must be an integer, 1 to 2"),
+    ("format_version", 2.0, r"format_version=2.0 must be an integer, 1 to 2"),
+    ("format_version", 3, r"is format_version 3, newer than this hourglass_jax reads \(2\); upgrade"),
+    ("seq_len", 10**12, r"the card's seq_len=1000000000000 must be an integer >= 1 and <= 16,777,216 \(or null\)"),
+    ("seq_len", 8.0, r"the card's seq_len=8.0 must be an integer"),
+    ("step", "3", r"the card's step='3' must be an integer >= 0"),
+    ("num_params", -1, r"the card's num_params=-1 must be an integer >= 0"),
+    ("weights_dtype", 32, r"the card's weights_dtype=32 must be a string"),
+    ("checksums", ["abc"], r"the card's checksums must map array names to SHA-256 strings"),
+    ("format", "gguf", r"the card's format='gguf' is not 'hourglass_jax'"),
+    ("model", dict(dropout=2.0), r"the card's model section is not a valid model \(model.dropout=2.0 must be in"),
+])
+def test_each_card_field_is_checked_naming_the_card_and_the_field(exported, tmp_path, field, value, message):
+  """Issue 64: a card field of the wrong type or out of range (format_version true or "2", seq_len 10**12, which
+  ran out of memory building the model) is refused before anything is built, naming the card and the field."""
+  folder = _copy(exported, tmp_path)
+  card = json.loads((folder / "config.json").read_text())
+  card[field] = dict(card["model"], **value) if field == "model" else value
+  (folder / "config.json").write_text(json.dumps(card))
+  with pytest.raises(ValueError, match=rf"^{folder / 'config.json'}:? .*{message}") as error:
+    weights.load_params(folder)
+  assert "\n" not in str(error.value)
+
+
 def test_another_models_export_is_not_replaced_without_overwrite(exported, tmp_path):
   folder = _copy(exported, tmp_path)
   _, cfg, params, card, other = exported
@@ -123,19 +150,20 @@ def test_another_models_export_is_not_replaced_without_overwrite(exported, tmp_p
 def test_a_failed_write_keeps_the_previous_export(exported, tmp_path, monkeypatch):
   folder = _copy(exported, tmp_path)
   _, cfg, params, _, other = exported
-  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json")}
-  real = epath.Path.write_bytes
+  before = {name: (folder / name).read_bytes() for name in ("model.safetensors", "config.json", "README.md")}
+  real = files._write_all
 
-  def full_disk(path, data):
-    real(path, data[:100])  # a partial write, then the error
+  def full_disk(fd, data):
+    real(fd, data[:100])  # a partial write, then the error
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(epath.Path, "write_bytes", full_disk)
-  with pytest.raises(OSError, match="No space left"):
+  monkeypatch.setattr(files, "_write_all", full_disk)
+  with pytest.raises(OSError, match="no space left"):
     weights.save_params(other, cfg, folder, overwrite=True)
   monkeypatch.undo()
   assert {name: (folder / name).read_bytes() for name in before} == before
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]  # no temporary left
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]  # no temporary
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # nor a new folder beside it
   _, loaded = weights.load_params(folder)
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
@@ -197,58 +225,93 @@ def test_a_keyword_that_changes_the_function_is_refused_as_in_the_card(tmp_path)
   assert model.cfg.attention_impl == "xla"
 
 
-@pytest.mark.parametrize("into", ["new folder", "overwrite"])
-def test_a_full_disk_names_the_output_folder_and_the_fix(exported, tmp_path, monkeypatch, into):
-  """Issue 55: a full disk while exporting, into a new folder or over another export, in one line naming both."""
+@pytest.mark.parametrize("into, code, cause, fix", [
+    ("new folder", 28, r"no space left on device", r"Free disk space \(or pass another --output folder\)"),
+    ("overwrite", 28, r"no space left on device", r"Free disk space \(or pass another --output folder\)"),
+    ("overwrite", 27, r"file too large: this process's file-size limit, ulimit -f, was reached",
+     r"Raise the file-size limit \(ulimit -f unlimited, or ask your administrator\)"),
+], ids=["new folder", "overwrite", "file-size limit"])
+def test_a_full_disk_names_the_output_folder_and_the_fix(exported, tmp_path, monkeypatch, into, code, cause, fix):
+  """Issue 55: a full disk while exporting, into a new folder or over another export, in one line naming both.
+  Issue 64: the file-size limit (EFBIG, `ulimit -f`) is met the same way, with its own fix."""
   _, cfg, params, _, other = exported
   folder = _copy(exported, tmp_path) if into == "overwrite" else tmp_path / "new"
 
-  def full_disk(path, data):
-    raise OSError(28, "No space left on device")
+  def full_disk(fd, data):
+    raise OSError(code, "No space left on device" if code == 28 else "File too large")
 
-  monkeypatch.setattr(epath.Path, "write_bytes", full_disk)
-  with pytest.raises(OSError, match=rf"^disk full: writing the export to {folder} failed \(No space left on device\); "
-                                    r"nothing of it was kept .*Free disk space or pass another --output folder, then "
-                                    r"rerun\.$"):
+  monkeypatch.setattr(files, "_write_all", full_disk)
+  with pytest.raises(OSError, match=rf"^disk full: writing the export to {folder} failed \({cause}; the export is "
+                                    rf"[0-9.]+ MiB\); nothing of it was kept .*{fix}, then rerun\.$"):
     weights.save_params(other, cfg, folder, overwrite=True)
 
 
-def test_a_ctrl_c_between_the_renames_is_held_until_both_are_done(exported, tmp_path, monkeypatch):
-  """Issue 55: Ctrl-C between the two renames of an --overwrite export left new weights beside the old card while
-  hourglass-export said "nothing was lost"; the interrupt now waits for the second rename."""
+def test_a_ctrl_c_while_the_export_takes_its_folders_place_is_held_until_done(exported, tmp_path, monkeypatch):
+  """Issue 55: Ctrl-C while an --overwrite export replaced its files left new weights beside the old card; the
+  interrupt now waits until the new folder has taken the old one's place and the old one is gone."""
   import os
   import signal
 
   folder = _copy(exported, tmp_path)
   _, cfg, _, _, other = exported
-  path_type = type(epath.Path(folder))
-  real_replace = path_type.replace
+  real_exchange = files._exchange
 
-  def replace_then_ctrl_c(path, target):
-    result = real_replace(path, target)
+  def exchange_then_ctrl_c(a, b):
+    result = real_exchange(a, b)
     os.kill(os.getpid(), signal.SIGINT)
     return result
 
-  monkeypatch.setattr(path_type, "replace", replace_then_ctrl_c)
+  monkeypatch.setattr(files, "_exchange", exchange_then_ctrl_c)
   with pytest.raises(KeyboardInterrupt):
     weights.save_params(other, cfg, folder, overwrite=True)
   monkeypatch.undo()
   _, loaded = weights.load_params(folder)  # the new export, whole
   jax.tree.map(np.testing.assert_array_equal, loaded, other)
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
 
 
-def test_rerunning_an_export_killed_between_its_renames_repairs_it(exported, tmp_path):
-  """After a SIGKILL between the renames (new weights, the old or no card, a stray temporary), the same export again
-  replaces the pair and removes the stray; a first export killed there is recognised as the same export."""
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchanged", "moved aside"])
+def test_an_export_replaces_its_folder_whole_and_clears_a_killed_ones_leftovers(exported, tmp_path, monkeypatch,
+                                                                                exchange):
+  """Issue 64: the files are written into a new folder beside the export, which then takes its place in one rename
+  (or, where the file system cannot exchange two folders, after moving the old one aside): a kill at any point
+  leaves the old export or the new one, whole. A killed export's folder (and an older version's stray temporaries)
+  are removed by the next export; a folder holding other files than an export's is refused, not replaced."""
   folder = _copy(exported, tmp_path)
   _, cfg, params, _, other = exported
-  weights.save_params(other, cfg, tmp_path / "new")
-  shutil.copy(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
-  (folder / ".config.json.0123abcd.tmp").write_text("{}")
+  (tmp_path / ".copy.0123abcd.tmp").mkdir()  # a killed export's new folder
+  (tmp_path / ".copy.0123abcd.tmp" / "model.safetensors").write_bytes(b"partial")
+  (folder / ".config.json.0123abcd.tmp").write_text("{}")  # an older version's stray temporary
+  if not exchange:
+    monkeypatch.setattr(files, "_exchange", lambda a, b: False)
   weights.save_params(other, cfg, folder, overwrite=True)
-  assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+  assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
   jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
-  (folder / "config.json").unlink()  # a first export killed after renaming its weights
-  weights.save_params(other, cfg, folder)  # the same export: no --overwrite needed
-  jax.tree.map(np.testing.assert_array_equal, weights.load_params(folder)[1], other)
+  (folder / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match=rf"{folder} holds files that are not an export's \(notes.txt\); .*pass a new "
+                                       "or empty folder"):
+    weights.save_params(params, cfg, folder, overwrite=True)
+  assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_an_export_never_writes_through_a_planted_link(exported, tmp_path, monkeypatch):
+  """Issue 64: links planted at the export folder's name, and at the name its new folder would take (made
+  predictable here), never carry the export elsewhere: the first is refused in one line, the second is skipped."""
+  _, cfg, params, _, _ = exported
+  victim = tmp_path / "victim"
+  victim.mkdir()
+  (victim / "config.json").write_text("precious")
+  (tmp_path / "link").symlink_to(victim)
+  with pytest.raises(files.RefusedPath, match=rf"^{tmp_path / 'link'} is a symbolic link \(to {victim}\), not a "
+                                              "folder.*Delete the link and rerun"):
+    weights.save_params(params, cfg, tmp_path / "link")
+  (tmp_path / ".out.0123abcd.tmp").symlink_to(victim)
+  planted, real_token = ["0123abcd", "0123abcd"], files.secrets.token_hex
+  monkeypatch.setattr(files.secrets, "token_hex", lambda n: planted.pop() if planted else real_token(n))
+  weights.save_params(params, cfg, tmp_path / "out")
+  monkeypatch.undo()
+  assert sorted(p.name for p in victim.iterdir()) == ["config.json"] and (victim / "config.json").read_text() == \
+      "precious"
+  jax.tree.map(np.testing.assert_array_equal, weights.load_params(tmp_path / "out")[1], params)

@@ -1,6 +1,7 @@
 """The command lines run end to end: hourglass-train trains, checkpoints and logs; hourglass-eval scores it."""
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -24,8 +25,12 @@ def test_train_then_eval_commands(tmp_path):
     assert expected in train.stdout, train.stdout
   assert (tmp_path / "checkpoints" / "3" / "state").is_dir()
   assert list(tmp_path.glob("events.out.tfevents.*"))
-  sample = next(line for line in train.stdout.splitlines() if "hourglass-sample --config=" in line)
-  assert f"--workdir={tmp_path} " in sample and sample.endswith("--config.train.steps=3 --prompt='def '")
+  sample, evaluate = (next(line for line in train.stdout.splitlines() if f"hourglass-{name} --config=" in line)
+                      for name in ("sample", "eval"))
+  assert f"--workdir={tmp_path} " in sample and "--config.model.hierarchy=1@1" in sample and "--config.data." in sample
+  assert "--config.train." not in sample + evaluate  # training settings are no business of sampling or scoring
+  assert re.search(r" --prompt='[^\W\d_]{2,} '$", sample), sample  # a word of the data (stdlib_text), not 'def '
+  assert re.search(r" --prompt='the '$", sample), sample  # the eval split's most frequent word
   assert f"TensorBoard logs in {tmp_path}" in train.stdout
   assert "step 3: valid bits/byte" in train.stdout and "partial: first 1 of " in train.stdout
 

@@ -13,14 +13,7 @@ from hourglass_jax.train import trainer as trainer_lib
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
 from hourglass_jax.train.export import export_params
-from tests.helpers import copy_checkpoints, quiet, trained_run
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run with checkpoints at steps 2 and 4 (the integrity tests' run: cached compiles)."""
-  workdir = tmp_path_factory.mktemp("trained")
-  return workdir, *trained_run(workdir)
+from tests.helpers import copy_checkpoints, quiet
 
 
 @pytest.fixture

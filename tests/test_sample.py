@@ -4,6 +4,7 @@ reproducible for a seed, with clear errors for bad input."""
 import importlib.util
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from PIL import Image
 
 from hourglass_jax.cli.sample import SampleOptions, check_options, load_draft, sample
 from hourglass_jax.model import ModelConfig
+from hourglass_jax.train import model_source
 from hourglass_jax.train.export import export_params
 from hourglass_jax.train.checkpoint_record import check_same_function
 from hourglass_jax.train.checks import TrainError
@@ -51,6 +53,28 @@ def test_sample_command_prints_the_samples_the_library_draws_for_the_seed(text_r
   np.testing.assert_array_equal(again["tokens"], first["tokens"])
   other = sample(tiny_config(), text_run, SampleOptions(**dict(TEXT, seed=4)), log=quiet)
   assert not np.array_equal(other["tokens"], first["tokens"])
+
+
+def test_an_export_samples_as_its_checkpoint_with_no_config(text_run, tmp_path):
+  """The export folder as --workdir: its card gives the model and the length, so the command needs no --config,
+  and the draws are the checkpoint's; a training workdir without --config is refused in one line."""
+  export = tmp_path / "export"
+  export_params(text_run, export, log=quiet)
+  expected = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
+  from_export = sample(model_source.export_config(export), str(export), SampleOptions(**TEXT), log=quiet)
+  np.testing.assert_array_equal(from_export["tokens"], expected["tokens"])
+  assert from_export["step"] == 2
+  entry = [sys.executable, "-c", "from hourglass_jax.cli.main import sample_entry; sample_entry()"]
+  out = subprocess.run([*entry, f"--workdir={export}", "--prompt=def ", "--num_samples=3", "--max_new_tokens=24",
+                        "--temperature=0.8", "--top_k=40", "--seed=3"], capture_output=True, timeout=300,
+                       env=command_env())
+  assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
+  assert [chunk.split(b" ---\n", 1)[1][:-1] for chunk in out.stdout.split(b"--- sample ")[1:]] == expected["texts"]
+  refused = subprocess.run([*entry, f"--workdir={text_run}", "--prompt=def "], capture_output=True, text=True,
+                           timeout=300, env=command_env())
+  assert refused.returncode == 1 and refused.stderr.strip() == (
+      "error: --config is required with a training workdir (the config file the run was trained with); an export "
+      "folder (hourglass-export's) needs none."), refused.stderr
 
 
 def test_end_byte_cuts_each_text_after_it(text_run):

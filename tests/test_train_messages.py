@@ -3,29 +3,41 @@ what to run next, and TensorBoard text that keeps its layout."""
 
 import io
 import shlex
+import sys
 
+import pytest
+
+from hourglass_jax.cli import main
 from hourglass_jax.train import progress
 from hourglass_jax.train.checks import warmup_warning
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.metrics import preformatted
-from hourglass_jax.train.report import next_steps
+from hourglass_jax.train.optimizer import make_schedule
+from hourglass_jax.train.report import example_prompt, next_steps
 from tests.helpers import tiny_config
 
 
 def test_a_warmup_as_long_as_the_run_is_named_with_its_fix():
+  """The rate it names is the schedule's at the last step (index steps - 1), never rounded up to the peak."""
   cfg = tiny_config(steps=100, train=dict(warmup_steps=100, learning_rate=1e-3))
   assert warmup_warning(cfg.train) == (
-      "train.warmup_steps=100 >= train.steps=100: the learning rate never reaches train.learning_rate=0.001 (it "
-      "stops at 0.001); set --config.train.warmup_steps=10 or raise --config.train.steps.")
+      "train.warmup_steps=100 >= train.steps=100: the learning rate never reaches train.learning_rate=0.001 (the "
+      "last step's is 0.00099, 99.0% of it); set --config.train.warmup_steps=10 or raise --config.train.steps.")
   cfg.train.steps = 50
-  assert "(it stops at 0.0005)" in warmup_warning(cfg.train)
-  cfg.train.warmup_steps = 49
+  assert "(the last step's is 0.00049, 49.0% of it)" in warmup_warning(cfg.train)
+  cfg.train.update(steps=10_000, warmup_steps=10_000)
+  assert "(the last step's is 0.0009999, 99.99% of it)" in warmup_warning(cfg.train)
+  assert float(make_schedule(cfg.train)(cfg.train.steps - 1)) == pytest.approx(0.0009999)
+  cfg.train.update(steps=50, warmup_steps=49)
   assert warmup_warning(cfg.train) is None
+  assert float(make_schedule(cfg.train)(cfg.train.steps - 1)) == pytest.approx(1e-3)  # reached at the last step
 
 
 def test_a_run_warns_of_its_warmup_and_ends_with_one_speed_per_quantity(tmp_path):
   messages = []
-  train_and_evaluate(tiny_config(steps=2, train=dict(warmup_steps=5, log_every=1)), tmp_path, log=messages.append)
+  summary = train_and_evaluate(tiny_config(steps=2, train=dict(warmup_steps=5, log_every=1)), tmp_path,
+                               log=messages.append)
+  assert summary["prompt"] == "the "  # what next_steps suggests sampling with: the eval split's commonest word
   warnings = [m for m in messages if m.startswith("warning: train.warmup_steps=5 >= train.steps=2")]
   assert len(warnings) == 1, messages
   speeds = [m for m in messages if "tokens/s" in m or "ms/step" in m]
@@ -34,7 +46,7 @@ def test_a_run_warns_of_its_warmup_and_ends_with_one_speed_per_quantity(tmp_path
 
 
 def test_next_steps_name_the_files_and_the_commands_of_this_run():
-  text = next_steps("configs/tiny.py", "workdirs/my run", ["--config.model.d_model=64"], text=True,
+  text = next_steps("configs/tiny.py", "workdirs/my run", ["--config.model.d_model=64"], prompt="def ",
                     bin_dir=".venv/bin")
   lines = text.splitlines()
   assert lines[0].startswith("checkpoints: workdirs/my run/checkpoints")
@@ -48,8 +60,22 @@ def test_next_steps_name_the_files_and_the_commands_of_this_run():
   assert export == [".venv/bin/hourglass-export", "--workdir=workdirs/my run", "--output=workdirs/my run_export"]
   assert plot == [".venv/bin/hourglass-plot", "workdirs/my run", "--output=workdirs/my run/curves.png"]
   assert board[-1] == "--logdir=workdirs/my run" and board[0] == ".venv/bin/pip"
-  image = next_steps("configs/digits.py", "w", text=False)
+  image = next_steps("configs/digits.py", "w", prompt=None)
   assert "--prompt" not in image and image.splitlines()[3].split()[0] == "hourglass-sample"
+
+
+@pytest.mark.parametrize("text, prompt", [
+    (b"The ship sailed at dawn; the crew, the sea and the wind slept.", "the "),  # English: 'the', not 'def '
+    (b"def f(x):\n  return x\n\ndef g(x):\n  return f(x)\n", "def "), (b"x = 1 + 2\n", "x"),
+    (b"\xc3\xa9t\xc3\xa9 \xc3\xa9t\xc3\xa9 hiver", "\u00e9t\u00e9 "), (b"  \n", None)])
+def test_the_suggested_prompt_is_in_the_style_of_the_data(text, prompt):
+  assert example_prompt(text) == prompt
+
+
+def test_the_sample_and_eval_hints_leave_out_the_training_settings(monkeypatch):
+  monkeypatch.setattr(sys, "argv", ["hourglass-train", "--config=c.py", "--workdir=w", "--config.train.steps=300",
+                                    "--config.model.d_model=64", "--config.data.seq_len=128", "--config.mesh.data=2"])
+  assert main._overrides() == ["--config.model.d_model=64", "--config.data.seq_len=128", "--config.mesh.data=2"]
 
 
 def test_tensorboard_text_is_a_code_block():
@@ -71,6 +97,11 @@ def test_a_redirected_log_gets_one_line_per_update(monkeypatch):
     bar.update(1)
   bar.close()
   assert "\r" not in log.getvalue() and log.getvalue().splitlines() == [f"train: {n}/3" for n in range(4)]
+  log = io.StringIO()  # a bar a terminal erases at its end (leave=False) ends on its last frame in a log
+  bar = progress.progress_bar(log, total=3, desc="eval", leave=False, bar_format="{desc}: {n_fmt}/{total_fmt}")
+  bar.update(3)
+  bar.close()
+  assert log.getvalue().splitlines() == ["eval: 0/3", "eval: 3/3"]
   terminal = _Terminal()
   bar = progress.progress_bar(terminal, total=3, desc="train", mininterval=0, bar_format="{desc}: {n_fmt}/{total_fmt}")
   bar.update(3)

@@ -1,14 +1,14 @@
 """`hourglass-boundaries`: where a learned-shortening model cuts a text, the bytes with a '|' after each segment
 boundary ('||' where a nested dynamic level's segment closes too).
 
-Reads weights exported with `hourglass-export`, or the newest checkpoint of a training run's workdir, of a model
-trained with `shorten='dynamic'` (configs/dynamic.py), runs the forward pass in evaluation mode and marks the
-boundary decisions the dynamic level sows into 'intermediates' (a boundary after byte t closes the segment that
-holds t).
+Reads the newest checkpoint of a training run's workdir, or weights exported with `hourglass-export` (--workdir
+takes either, as hourglass-sample's does; --weights too), of a model trained with `shorten='dynamic'`
+(configs/dynamic.py), runs the forward pass in evaluation mode and marks the boundary decisions the dynamic level
+sows into 'intermediates' (a boundary after byte t closes the segment that holds t).
 
-  hourglass-boundaries --workdir=/tmp/dynamic --text="First Citizen: Before we proceed any further"
-  hourglass-export --workdir=/tmp/dynamic --output=exported/dynamic
-  hourglass-boundaries --weights=exported/dynamic --text="First Citizen: Before we proceed any further"
+  hourglass-boundaries --workdir=workdirs/dynamic --text="First Citizen: Before we proceed any further"
+  hourglass-export --workdir=workdirs/dynamic --output=workdirs/dynamic_export
+  hourglass-boundaries --workdir=workdirs/dynamic_export --text="First Citizen: Before we proceed any further"
 
 A 'gumbel' model marks where sigmoid(logit) > 1/2 unless `--gumbel_evaluation=sample` asks for training's draw
 (model.gumbel_evaluation; after short training the threshold cuts far less often than training did).
@@ -54,20 +54,19 @@ def marked(text: bytes, depth) -> str:
 
 
 def load(weights=None, workdir=None):
-  """(model, params) of exported `weights`, or of the newest checkpoint of a training run's `workdir` (read-only,
-  verified as hourglass-eval reads it)."""
+  """(model, params) of an export folder (or .safetensors file) or of the newest checkpoint of a training run's
+  workdir (read-only, verified as hourglass-eval reads it), whichever `workdir` or `weights` names (one of them:
+  either flag takes either)."""
   if (weights is None) == (workdir is None):
-    raise ValueError("pass --weights=EXPORTED_FOLDER or --workdir=TRAINING_RUN (one of the two).")
-  if weights is not None:
-    if os.path.isdir(os.path.join(os.path.expanduser(os.fspath(weights)), "checkpoints")):
-      raise ValueError(f"--weights={weights} is a training workdir, not an export: pass --workdir={weights} to read "
-                       "its newest checkpoint.")
-    return load_params(weights)
+    raise ValueError("pass --workdir=TRAINING_RUN_OR_EXPORT (or --weights=EXPORTED_FOLDER): one of the two.")
+  path = weights if weights is not None else workdir
+  if not os.path.isdir(os.path.join(os.path.expanduser(os.fspath(path)), "checkpoints")):
+    return load_params(path)
   from hourglass_jax.train.checkpoint import read_params  # pylint: disable=import-outside-toplevel
 
-  params, _, record = read_params(workdir, None, log=lambda message: print(message, file=sys.stderr))
+  params, _, record = read_params(path, None, log=lambda message: print(message, file=sys.stderr))
   if "model" not in record:
-    raise ValueError(f"the newest checkpoint under {workdir} records no model settings; export it with "
+    raise ValueError(f"the newest checkpoint under {path} records no model settings; export it with "
                      "hourglass-export --step=N of another step, or retrain.")
   return build_model(record["model"]), params
 
@@ -94,12 +93,14 @@ def show(weights, text: bytes, gumbel_evaluation: str | None = None, workdir=Non
 
 
 def main():
-  """hourglass-boundaries --weights=DIR|--workdir=DIR --text=TEXT"""
+  """hourglass-boundaries --workdir=RUN_OR_EXPORT --text=TEXT"""
   from absl import app, flags  # the flags are this command's only: defined when it runs
 
   if "weights" not in flags.FLAGS:  # defined once per process (main may run again in the same one)
-    flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote.")
-    flags.DEFINE_string("text", None, "The text to cut (UTF-8).", required=True)
+    flags.DEFINE_string("weights", None, "A folder (or .safetensors file) hourglass-export wrote (--workdir takes it "
+                        "too).")
+    flags.DEFINE_string("text", None, "The text to cut (UTF-8; required).")  # checked in run: a flag validator
+    # would outlive this command in its process and refuse any other absl command run there after it
     flags.DEFINE_enum("gumbel_evaluation", None, ["threshold", "sample"],
                       "'gumbel' only: how evaluation decides (default: the model's own setting).")
   if "workdir" not in flags.FLAGS:  # hourglass_jax.cli.main defines it too, where it was imported
@@ -114,6 +115,8 @@ def main():
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     usage.quiet_logs()
+    if text.value is None:
+      raise app.UsageError("--text is required: the text to cut.")
     try:
       data = text.value.encode("utf-8")
     except UnicodeEncodeError:
@@ -127,7 +130,7 @@ def main():
   app.run(run, flags_parser=usage.parse_flags)
 
 
-WORKDIR_HELP = "A hourglass-train workdir: its newest checkpoint is read (instead of --weights)."
+WORKDIR_HELP = ("A hourglass-train workdir (its newest checkpoint is read) or a folder hourglass-export wrote.")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ import traceback
 from absl import app, flags
 from absl import logging as absl_logging
 
-from hourglass_jax import host_memory, paths
+from hourglass_jax import files, host_memory, paths
 from hourglass_jax.cli import usage
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
 from hourglass_jax.data.settings import DataSettings
 
 _CONFIG = define_config_flag("config", "A configs/*.py file, optionally with :preset (configs/dynamic.py:whitespace).")
+_HELP_CONFIG = flags.DEFINE_bool(usage.HELP_CONFIG, False, "List every --config.SECTION.FIELD setting with its value "
+                                 "in --config's file (without --config: the defaults) and what it means, then exit.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and TensorBoard logs of this run.")
 _SPLIT = flags.DEFINE_string("split", None, "Split to read (default data.eval_split); each command's --help says "
                              "what it reads it for.")
@@ -57,7 +59,8 @@ def _setup(level):
 def _check_locations(create: bool = True) -> None:
   """A workdir that is a file, cannot be created (`create`: training makes it) or is a URL this install cannot open
   or reach, or a bucket data dir, fails here, before devices or data are touched."""
-  paths.check_local_data_dir(DataSettings.of(_CONFIG.value.data).data_dir, "--config.data.data_dir")
+  if _CONFIG.value is not None:
+    paths.check_local_data_dir(DataSettings.of(_CONFIG.value.data).data_dir, "--config.data.data_dir")
   paths.check_writable_location(_WORKDIR.value, "--workdir", create)
 
 
@@ -106,20 +109,64 @@ def _run_reader(fn, what: str):
     sys.exit(preemption.EXIT_INTERRUPTED)
 
 
-def _start(command, text: str, names, required=("config", "workdir"), level=absl_logging.ERROR, helps=None) -> None:
+def _start(command, text: str, names, required=("config", "workdir"), level=absl_logging.ERROR, helps=None,
+           export_needs_config: bool = True) -> None:
   """Runs `command()` after `_setup(level)`, as a program without positional arguments whose --help shows `text` and
-  the flags `names` (`helps`: this command's own help of a shared flag; the default level suits the readers: a
-  read-only checkpoint manager warns that it is one)."""
+  the flags `names` (`helps`: this command's own help of a shared flag; the default level suits the readers).
+  `--help_config` lists the config's settings instead; `export_needs_config` False: a --workdir that is an export
+  folder needs no --config (its card gives the model)."""
   usage.declare(text, names, helps)
+  if usage.asked(sys.argv, usage.HELP_CONFIG):
+    required = ()
+  elif not export_needs_config and "config" in required:
+    required = tuple(name for name in required if name != "config")  # checked in main, once --workdir is known
   flags.mark_flags_as_required(list(required))
 
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _HELP_CONFIG.value:
+      _print_config_help()
+      return
+    if not export_needs_config and _CONFIG.value is None and not _model_source().is_export(_WORKDIR.value):
+      sys.exit("error: --config is required with a training workdir (the config file the run was trained with); an "
+               "export folder (hourglass-export's) needs none.")
     _setup(level)
     command()
 
   app.run(main, flags_parser=_parse_flags)
+
+
+def _print_config_help() -> None:
+  from hourglass_jax.config.base import base_config
+  from hourglass_jax.config.help import listing
+
+  if _CONFIG.value is None:
+    print(listing(base_config(), "the defaults every config file starts from (no --config given)"), end="")
+  else:
+    print(listing(_CONFIG.value, f"--config={flags.FLAGS['config'].config_filename}"), end="")
+
+
+def _model_source():
+  from hourglass_jax.train import model_source
+
+  return model_source
+
+
+def _reader_config():
+  """--config (with its overrides) for a command that reads a model: with an export folder as --workdir, the model
+  section is the export card's, the command line's --config.model.* values on top; else --config as given."""
+  source = _model_source()
+  if not source.is_export(_WORKDIR.value):
+    return _CONFIG.value
+  given = {arg[len("--config.model."):].split("=")[0] for arg in sys.argv[1:] if arg.startswith("--config.model.")}
+  overrides = {name: _CONFIG.value.model[name] for name in given} if _CONFIG.value is not None else {}
+  return source.export_config(_WORKDIR.value, _CONFIG.value, overrides)
+
+
+def _overrides() -> list[str]:
+  """This run's --config.* arguments that sampling and evaluating it need: all but the train section's."""
+  return [arg for arg in sys.argv[1:] if arg.startswith("--config.") and not arg.startswith("--config.train.")]
 
 
 def _train():
@@ -130,7 +177,7 @@ def _train():
   def train():
     created[0] = paths.first_missing(_WORKDIR.value)
     _check_locations()
-    paths.as_path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)
+    files.make_folder(_WORKDIR.value)
     return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
   from hourglass_jax.train import preemption
@@ -146,15 +193,15 @@ def _train():
     paths.remove_empty_folders(created[0])
     raise
   if stopped == "done" and summary["step"] > summary["start_step"]:
-    _print_next_steps()
+    _print_next_steps(summary.get("prompt"))
   sys.exit({"preempted": preemption.EXIT_PREEMPTED, "interrupted": preemption.EXIT_INTERRUPTED}.get(stopped, 0))
 
 
-def _print_next_steps() -> None:
-  """Process 0: where the run's files are and the commands that use them, with this run's config arguments."""
+def _print_next_steps(prompt: str | None) -> None:
+  """Process 0: where the run's files are and the commands that use them, with this run's config arguments
+  (`prompt`: one in the style of the data, for a text model)."""
   import jax
 
-  from hourglass_jax.data.sources import dataset_kind
   from hourglass_jax.train.report import next_steps
 
   if jax.process_index() != 0:
@@ -164,16 +211,14 @@ def _print_next_steps() -> None:
     bin_dir = ""  # not a virtual environment's python: the commands are on PATH
   elif not os.path.relpath(bin_dir).startswith(".."):
     bin_dir = os.path.relpath(bin_dir)
-  overrides = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
-  print(next_steps(flags.FLAGS["config"].config_filename, _WORKDIR.value, overrides,
-                   dataset_kind(_CONFIG.value.data.name) == "text", bin_dir), flush=True)
+  print(next_steps(flags.FLAGS["config"].config_filename, _WORKDIR.value, _overrides(), prompt, bin_dir), flush=True)
 
 
 def _eval():
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
   _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(
-      _CONFIG.value, _WORKDIR.value, _SPLIT.value, max_batches=_BATCHES.value, progress=True, record=True),
+      _reader_config(), _WORKDIR.value, _SPLIT.value, max_batches=_BATCHES.value, progress=True, record=True),
               "hourglass-eval")
 
 
@@ -212,14 +257,15 @@ def data_entry():
 def _sample():
   from hourglass_jax.cli import sample_flags
 
-  _run_reader(lambda: _check_locations(create=False) or sample_flags.run(_CONFIG.value, _WORKDIR.value, _SPLIT.value),
-              "hourglass-sample")
+  _run_reader(lambda: _check_locations(create=False) or sample_flags.run(_reader_config(), _WORKDIR.value,
+                                                                        _SPLIT.value), "hourglass-sample")
 
 
 def sample_entry():
   from hourglass_jax.cli import sample_flags  # noqa: F401  defines the sampling flags, for hourglass-sample only
 
-  _start(_sample, usage.SAMPLE, usage.SAMPLE_FLAGS, helps=dict(split=usage.SAMPLE_SPLIT_HELP))
+  _start(_sample, usage.SAMPLE, usage.SAMPLE_FLAGS, helps=dict(split=usage.SAMPLE_SPLIT_HELP),
+         export_needs_config=False)
 
 
 def _export():

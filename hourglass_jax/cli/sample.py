@@ -18,6 +18,7 @@ from hourglass_jax import compile_cache, generation, paths, sharding, weights
 from hourglass_jax.data import sources
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.decode import drafts, sampling
+from hourglass_jax.train import model_source
 from hourglass_jax.train.checkpoint import NoCheckpointError, read_params
 from hourglass_jax.train.state import make_init_fn, state_layout
 
@@ -217,13 +218,17 @@ def _lengths(cfg, options: SampleOptions, prompt_len: int, image_size: int | Non
 
 
 def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=print) -> dict:
-  """Samples from the newest checkpoint in `workdir`. Returns {'step', 'tokens' [N, new] int32, 'seconds',
-  'texts' (bytes each, prompt + continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
+  """Samples from the newest checkpoint in `workdir`, or from the export folder `workdir` names (`cfg` then from
+  model_source.export_config). Returns {'step', 'tokens' [N, new] int32, 'seconds', 'texts' (bytes each, prompt +
+  continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
   model_cfg = ModelConfig.from_dict(cfg.model)
   check_options(options, model_cfg.vocab_size)
   shape = sources.spec(cfg.data.name).image_shape
   image_size = None if shape is None else int(np.prod(shape))
   check_kind_options(options, shape is not None, cfg.data.name)
+  if shape is not None and options.output is None and model_source.is_export(workdir):
+    raise ValueError(f"--workdir={workdir} is an export folder, which hourglass-sample does not write into; pass "
+                     "--output=FILE.png for the image grid.")
   check_memory(model_cfg, options.num_samples, options.max_len or cfg.data.seq_len)
   draft, draft_params = load_draft(options.draft, model_cfg, log)
   if shape is None:
@@ -236,7 +241,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   with jax.set_mesh(mesh):  # the params alone, onto the model's shardings: no optimizer is built
     init_fn = make_init_fn(build_model(cfg.model), None, cfg.data.seq_len, cfg.train.seed)
     abstract, param_shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
-    params, step, _ = read_params(workdir, abstract, cfg, log=log)
+    params, step = model_source.read(workdir, abstract, cfg, log=log)
   generated = generation.generate_on_mesh(
       params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
       seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
@@ -266,11 +271,12 @@ def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals
   pixels = np.concatenate([prompts[:, 1:], tokens], axis=1)  # without the start token
   images = tokens_to_images(pixels, *shape)
   grid = images if originals is None else np.concatenate([images, originals])
-  path = paths.as_path(options.output or paths.as_path(workdir) / "samples" / f"images_step{step}.png")
+  shown = options.output or f"{str(workdir).rstrip('/')}/samples/images_step{step}.png"  # as the user wrote it
+  path = paths.as_path(shown)
   if jax.process_index() == 0:
     save_png_grid(grid, path, columns=options.num_samples if originals is not None else None,
-                  scale=max(1, 64 // shape[1]))
+                  scale=max(1, 64 // shape[1]), inside=None if options.output else workdir)
   what = "from scratch" if originals is None else (f"from their top {options.prompt_rows} rows (originals in the "
                                                    "last row)")
-  log(f"wrote {len(images)} images completed {what} to {path}")
+  log(f"wrote {len(images)} images completed {what} to {shown}")
   return dict(images=images, png=str(path))

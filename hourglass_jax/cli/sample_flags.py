@@ -21,11 +21,11 @@ _PROMPT_ROWS = flags.DEFINE_integer("prompt_rows", 0, "Images: complete real ima
 _MAX_LEN = flags.DEFINE_integer("max_len", None, "Longest context to decode (default data.seq_len, the trained "
                                 "length).")
 _OUTPUT = flags.DEFINE_string("output", None, "Images: PNG path (default WORKDIR/samples/images_stepN.png).")
-_DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (greedy: the same tokens; sampled: the "
-                             "same distribution; faster where the draft is often right, docs/generation.md): "
-                             "'self' (the model's own draft heads, model.draft_heads), 'ngram' (proposals looked up "
-                             "in the prompt and the text so far) or the workdir or export folder of a smaller model "
-                             "with the same vocabulary.")
+_DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (greedy: the same tokens; at temperature > 0 the "
+                             "same distribution, not the samples this --seed gives without it; faster where the draft "
+                             "is often right, docs/generation.md): 'self' (the model's own draft heads, "
+                             "model.draft_heads), 'ngram' (proposals looked up in the prompt and the text so far) or "
+                             "the workdir or export folder of a smaller model with the same vocabulary.")
 _DRAFT_TOKENS = flags.DEFINE_integer("draft_tokens", 4, "Speculative decoding: tokens the draft proposes per pass.")
 _FALLBACK_BELOW = flags.DEFINE_float("fallback_below", None, "Speculative decoding: tokens per pass under which it "
                                      "decodes plainly for a while, then tries the draft again (0 = never; default: "

@@ -21,6 +21,8 @@ class DatasetSpec:
   image_shape: tuple[int, int, int] | None = None
   manual_files: tuple[tuple[str, str], ...] = ()  # (file name, where to get it) that --manual_dir must hold
   downloadable: bool = False             # prepare can fetch manual_files itself when online
+  about: str = ""                        # what the data is, in a sentence (the export's model card)
+  hub_id: str | None = None              # the same data's Hugging Face Hub dataset id, where one exists
 
 
 def _imagenet(side: int) -> DatasetSpec:
@@ -28,18 +30,26 @@ def _imagenet(side: int) -> DatasetSpec:
   where = IMAGENET_URL.format(size)
   return DatasetSpec(f"downsampled_imagenet/{size}", "image", f"train_{size}.tar and valid_{size}.tar in --manual_dir "
                      f"(from {where})", image_shape=(side, side, 3),
-                     manual_files=((f"train_{size}.tar", where), (f"valid_{size}.tar", where)))
+                     manual_files=((f"train_{size}.tar", where), (f"valid_{size}.tar", where)),
+                     about=f"Downsampled ImageNet at {size} pixels (van den Oord et al. 2016), 3 values per pixel.")
 
 
 DATASETS = {spec.name: spec for spec in (
-    DatasetSpec("stdlib_text", "text", "nothing: the Python standard library's sources", automatic=True),
+    DatasetSpec("stdlib_text", "text", "nothing: the Python standard library's sources", automatic=True,
+                about="The Python standard library's own source files (Python code and its docstrings, mostly "
+                "English), as raw bytes: the offline corpus every Python installation ships."),
     DatasetSpec("enwik8", "text", f"{ENWIK8_ARCHIVE} from {ENWIK8_URL}: downloaded when online, else in --manual_dir",
-                manual_files=((ENWIK8_ARCHIVE, ENWIK8_URL),), downloadable=True),
-    DatasetSpec("text_files", "text", "--manual_dir=FILE_OR_FOLDER naming the text to use"),
-    DatasetSpec("digits", "image", "scikit-learn (it ships the 8x8 digits)", automatic=True, image_shape=(8, 8, 1)),
+                manual_files=((ENWIK8_ARCHIVE, ENWIK8_URL),), downloadable=True,
+                about="enwik8: the first 10^8 bytes of an English Wikipedia XML dump (the Hutter prize), as raw bytes.",
+                hub_id="LTCB/enwik8"),
+    DatasetSpec("text_files", "text", "--manual_dir=FILE_OR_FOLDER naming the text to use",
+                about="Local text files, as raw bytes, split by document."),
+    DatasetSpec("digits", "image", "scikit-learn (it ships the 8x8 digits)", automatic=True, image_shape=(8, 8, 1),
+                about="scikit-learn's 1,797 handwritten digits, 8x8 pixels, grey levels 0..16 scaled to 0..255."),
     DatasetSpec("cifar10", "image", f"cifar-10-binary.tar.gz from {CIFAR_URL}: downloaded when online, else in "
                 "--manual_dir", image_shape=(32, 32, 3), manual_files=(("cifar-10-binary.tar.gz", CIFAR_URL),),
-                downloadable=True),
+                downloadable=True, about="CIFAR-10: 60,000 images of 32x32 pixels, 3 values per pixel.",
+                hub_id="uoft-cs/cifar10"),
     _imagenet(32),
     _imagenet(64),
 )}

@@ -6,7 +6,7 @@ import math
 import numpy as np
 from etils import epath
 
-from hourglass_jax import paths
+from hourglass_jax import files, paths
 
 
 def _check_uint8_images(images: np.ndarray, what: str) -> np.ndarray:
@@ -56,9 +56,11 @@ def image_grid(images_NxHxWxC: np.ndarray, columns: int | None = None, pad: int 
   return grid
 
 
-def save_png_grid(images_NxHxWxC: np.ndarray, path, columns: int | None = None, scale: int = 1) -> epath.Path:
+def save_png_grid(images_NxHxWxC: np.ndarray, path, columns: int | None = None, scale: int = 1,
+                  inside=None) -> epath.Path:
   """Writes the images as one PNG grid (about square unless `columns` is given), each pixel `scale` x `scale`
-  (nearest neighbour, for tiny images); returns the path."""
+  (nearest neighbour, for tiny images), atomically and never through a link; returns the path. `inside`: the
+  workdir of a path this package chose there (its folders must not be links: hourglass_jax.files.make_folder)."""
   from PIL import Image
 
   grid = image_grid(images_NxHxWxC, columns)
@@ -67,7 +69,7 @@ def save_png_grid(images_NxHxWxC: np.ndarray, path, columns: int | None = None, 
   if grid.shape[-1] not in (1, 3, 4):
     raise ValueError(f"PNG needs 1, 3 or 4 channels; the images have {grid.shape[-1]}.")
   path = paths.as_path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("wb") as file:  # a local path or gs://
+  files.make_folder(path.parent, inside=inside)
+  with files.atomic_file(path) as file:  # a local path or gs://
     Image.fromarray(grid[..., 0] if grid.shape[-1] == 1 else grid).save(file, format="PNG")
   return path

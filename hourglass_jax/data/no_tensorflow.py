@@ -11,10 +11,20 @@ import sys
 import types
 from unittest import mock
 
+def _gfile(path, mode: str = "r"):
+  """tf.io.gfile.GFile: reads through open(), writes (the archive extractor's) through hourglass_jax.files."""
+  if set(mode) & set("wax+"):
+    from hourglass_jax import files  # pylint: disable=import-outside-toplevel
+
+    return files.atomic_file(path, "wb" if "b" in mode else "w")
+  # pylint: disable-next=consider-using-with,unspecified-encoding
+  return open(path, "rb") if "b" in mode else open(path, "r")
+
+
 _TF = types.SimpleNamespace(  # the only TensorFlow calls those code paths make
     compat=types.SimpleNamespace(as_text=lambda s, encoding="utf-8": s.decode(encoding) if isinstance(s, bytes)
                                  else s),
-    io=types.SimpleNamespace(gfile=types.SimpleNamespace(GFile=open)))
+    io=types.SimpleNamespace(gfile=types.SimpleNamespace(GFile=_gfile)))
 
 
 def _has_tensorflow() -> bool:

@@ -1,6 +1,7 @@
 """`hourglass-data prepare NAME`: build a dataset as array_record files (tfds_io.prepare) and say what was built
 and where, reading the splits back to count them."""
 
+import sys
 import time
 
 from hourglass_jax import paths
@@ -40,7 +41,8 @@ def prepare_command(name: str, data_dir: str | None = None, manual_dir: str | No
   else:
     log(f"preparing {name} into {root} (needs {spec.needs})")
     start = time.perf_counter()
-    builder = tfds_io.prepare(name, str(root), manual_dir, progress=True, log=log, new_build=True)
+    # TFDS's progress bars only on a terminal: in a log each shows its first frame alone (and a temporary path)
+    builder = tfds_io.prepare(name, str(root), manual_dir, progress=sys.stderr.isatty(), log=log, new_build=True)
     log(f"built {name} in {time.perf_counter() - start:.1f} s")
   path = builder.data_path
   log(f"{name} at {path} ({_disk_bytes(path) / 2**20:.1f} MiB on disk, array_record):")

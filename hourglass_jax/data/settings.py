@@ -2,26 +2,35 @@
 
 import dataclasses
 
+from hourglass_jax.data.catalog import SPLIT_ALIASES, SPLIT_NAMES
+from hourglass_jax.data.eval_windows import PROTOCOLS
 from hourglass_jax.settings import Section
+
+SPLITS = (*SPLIT_NAMES, *SPLIT_ALIASES)  # the split names and the configs' spellings of them
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataSettings(Section):
-  """name: a TFDS dataset ('stdlib_text' = the embedded offline corpus, 'enwik8', 'text_files', 'digits' = offline
-  images, 'cifar10', 'downsampled_imagenet/32x32' | '/64x64'; hourglass_jax/data/catalog.py) read from data_dir
-  ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets), or 'text_file' (path, read directly) | 'synthetic' (random
-  tokens, benchmarks). train_stride 0 = seq_len / 4. batch_size is global (all devices). eval_protocol: 'windows'
-  (non-overlapping) | 'sliding' (stride W/2, score the last W/2) | 'long_context' (score the last W - eval_context
-  of each window), over windows of eval_seq_len (0 = seq_len); images are whole sequences. eval_batches: batches
-  per periodic evaluation, 0 = the whole split."""
+  """What a run reads and how it is scored; the datasets are in hourglass_jax/data/catalog.py and docs/data.md."""
+  # a TFDS dataset ('stdlib_text' = the embedded offline corpus, 'enwik8', 'text_files', 'digits' = offline images,
+  # 'cifar10', 'downsampled_imagenet/32x32' | '/64x64'), or 'text_file' (path) | 'synthetic' (random tokens)
   name: str = "stdlib_text"
-  path: str = ""
-  data_dir: str = ""
-  seq_len: int = 256
-  train_stride: int = 64
-  batch_size: int = 8
-  eval_split: str = "valid"
-  eval_batches: int = 0
+  path: str = ""  # name='text_file': the file to read (split 90/5/5 in order)
+  data_dir: str = ""  # the TFDS data directory ('' = $TFDS_DATA_DIR, else ~/tensorflow_datasets)
+  seq_len: int = 256  # the training window, in tokens
+  train_stride: int = 64  # bytes between the starts of training windows (0 = seq_len / 4)
+  batch_size: int = 8  # the global batch (all devices and processes)
+  eval_split: str = "valid"  # the split the periodic evaluations score ('valid' or 'test')
+  eval_batches: int = 0  # batches per periodic evaluation (0 = the whole split)
+  # 'windows' (non-overlapping) | 'sliding' (stride W/2, score the last W/2) | 'long_context' (score the last
+  # W - eval_context of each window), over windows W of eval_seq_len; images are scored as whole sequences
   eval_protocol: str = "windows"
-  eval_seq_len: int = 0
-  eval_context: int = 0
+  eval_seq_len: int = 0  # the evaluation window (0 = seq_len)
+  eval_context: int = 0  # 'long_context': the tokens of each window read as context only, not scored
+  NAME = "data"
+
+  def check_values(self) -> None:
+    self.at_least(1, "seq_len", "batch_size")
+    self.at_least(0, "train_stride", "eval_batches", "eval_seq_len", "eval_context")
+    self.choice("eval_split", SPLITS)
+    self.choice("eval_protocol", PROTOCOLS)

@@ -13,13 +13,14 @@ import pathlib
 import numpy as np
 
 from hourglass_jax.data import catalog
-from hourglass_jax.data.eval_windows import PROTOCOLS, ScoredWindows, protocol_context
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.eval_windows import ScoredWindows, protocol_context
+from hourglass_jax.data.settings import SPLITS, DataSettings
 
-_DIRECT_SPECS = {"text_file": catalog.DatasetSpec("text_file", "text", "nothing: data.path names a file, read as is"),
-                 "synthetic": catalog.DatasetSpec("synthetic", "synthetic", "nothing: random tokens")}
+_DIRECT_SPECS = {"text_file": catalog.DatasetSpec("text_file", "text", "nothing: data.path names a file, read as is",
+                                                  about="A local text file, as raw bytes."),
+                 "synthetic": catalog.DatasetSpec("synthetic", "synthetic", "nothing: random tokens",
+                                                  about="Random tokens (for benchmarks: nothing to learn).")}
 DIRECT = tuple(_DIRECT_SPECS)  # read without TFDS
-SPLITS = (*catalog.SPLIT_NAMES, *catalog.SPLIT_ALIASES)  # the split names and the configs' spellings of them
 
 
 class WindowSource:
@@ -98,13 +99,6 @@ def split_tokens(name: str, path: str, split: str, data_dir: str = "") -> np.nda
   return np.asarray(split_stream(name, path, split, data_dir), np.uint8)
 
 
-def _int_field(data_cfg, field: str, minimum: int):
-  value = getattr(DataSettings.of(data_cfg), field)
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f"data.{field}={value!r} must be an integer >= {minimum}.")
-  return value
-
-
 def eval_geometry(data_cfg) -> tuple[int, int]:
   """(window, context) of the configured text eval protocol (eval_windows.py)."""
   data = DataSettings.of(data_cfg)
@@ -124,14 +118,7 @@ def check_data_config(data_cfg, vocab_size: int) -> None:
   if name != "synthetic" and vocab_size < 256:
     raise ValueError(f"data.name={name!r} yields bytes 0..255 but model.vocab_size={vocab_size}; "
                      "set model.vocab_size=256.")
-  for field in ("seq_len", "batch_size"):
-    _int_field(data_cfg, field, 1)
-  for field in ("train_stride", "eval_seq_len", "eval_context"):
-    _int_field(data_cfg, field, 0)
-  if data_cfg.eval_split not in SPLITS:
-    raise ValueError(f"data.eval_split={data_cfg.eval_split!r}; choose one of {', '.join(SPLITS)}.")
-  if DataSettings.of(data_cfg).eval_protocol not in PROTOCOLS:
-    raise ValueError(f"data.eval_protocol={data_cfg.eval_protocol!r}; choose one of {', '.join(PROTOCOLS)}.")
+  DataSettings.of(data_cfg)  # the section's types, ranges and choices
   if name == "digits" and importlib.util.find_spec("sklearn") is None:
     raise ValueError("data.name='digits' needs scikit-learn, which ships the digits: pip install "
                      "'hourglass-jax[images]' (or pip install scikit-learn).")

@@ -3,7 +3,6 @@ without TensorFlow, and `open_split` opens one split's records by random access 
 offline datasets on first use. Importing this module registers the builders with TFDS."""
 
 import contextlib
-import fcntl
 import functools
 import io
 import logging
@@ -15,7 +14,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
-from hourglass_jax import paths
+from hourglass_jax import files, paths
 from hourglass_jax.data import catalog
 from hourglass_jax.data.no_tensorflow import without_tensorflow
 # Importing the builders registers them with TFDS under their names.
@@ -46,14 +45,11 @@ def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetB
 
 @contextlib.contextmanager
 def _build_lock(root: epath.Path, name: str):
-  """One build of a dataset at a time per data dir (several processes of one host may start together)."""
-  root.mkdir(parents=True, exist_ok=True)
-  with open(root / f".{name.replace('/', '_')}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  """One build of a dataset at a time per data dir (several processes of one host may start together). The lock file
+  is opened without truncating it and never through a link (hourglass_jax.files)."""
+  files.make_folder(root)
+  with files.held_lock(root / f".{name.replace('/', '_')}.lock"):
+    yield
 
 
 def _remove_stale_builds(builder: tfds.core.DatasetBuilder, log) -> None:
@@ -115,10 +111,11 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       raise FileNotFoundError(f"{name}: download failed ({error}). Put {files} in a folder and pass "
                               f"--manual_dir=FOLDER ({spec.needs}).") from error
     except Exception as error:  # TFDS and array_record report a full disk as RuntimeError, among others
-      if not paths.is_disk_full(error):
+      cause = paths.disk_full(error)
+      if not cause:
         raise
-      raise OSError(f"disk full: building {name} under {root} failed (No space left on device); the partial build "
-                    "is not kept. Free disk space (or pass another --data_dir), then rerun.") from None
+      raise OSError(f"disk full: building {name} under {root} failed ({cause}); the partial build is not kept. "
+                    f"{paths.free_space(cause, 'pass another --data_dir')}, then rerun.") from None
     finally:
       tfds.enable_progress_bar()
   return builder

@@ -117,7 +117,7 @@ class BlockSettings:
   # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled). In a config file
   # the train section sets remat_policy (train.remat / train.remat_policy).
   remat_policy: str = setting("none", set_by="train.remat_policy")
-  scan_unroll: int = 1
+  scan_unroll: int = 1  # blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled)
 
   @property
   def head_dim(self) -> int:

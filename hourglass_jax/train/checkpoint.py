@@ -14,6 +14,7 @@ the params alone (evaluation, sampling, export: an Orbax partial restore, so no 
 the same checks either way; `read_params` opens a run's workdir read-only for the params alone."""
 
 import logging
+import os
 import sys
 import time
 
@@ -23,15 +24,16 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from hourglass_jax import paths
+from hourglass_jax import files, paths
 from hourglass_jax.train import integrity
 from hourglass_jax.train.checkpoint_record import check_same_function, config_record  # noqa: F401  (re-exported)
-from hourglass_jax.paths import is_disk_full
+from hourglass_jax.paths import disk_full, free_space, is_disk_full
 from hourglass_jax.train.checks import DiskFullError, TrainError
 from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.state import TrainState
 
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
+_TMP = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step's folder while it is written
 UNVERIFIED_OVERRIDE = "--config.checkpoint.allow_unverified=True"
 
 
@@ -49,6 +51,15 @@ def array_shapes(tree) -> dict[str, tuple[int, ...]]:
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
+# What Orbax warns when it opens a manager read-only, as asked: that it is read-only, and that it therefore saves
+# at no interval. Every reader (eval, sample, export, boundaries, read_params) opens one so.
+_READ_ONLY_NOTES = ("CheckpointManagerOptions.read_only=True", "Given directory is read only")
+
+
+def _quiet_read_only(record: logging.LogRecord) -> bool:
+  return not record.getMessage().startswith(_READ_ONLY_NOTES)
+
+
 class Checkpoints:
   """A CheckpointManager under `directory`; use as a context manager. `read_only` (evaluation) never writes,
   deletes or moves anything, so it can watch the workdir of a run in progress."""
@@ -56,18 +67,26 @@ class Checkpoints:
   def __init__(self, directory, every_steps: int = 0, keep: int = 3, async_save: bool = True, log=print,
                read_only: bool = False):
     self.directory, self.log, self.read_only = paths.as_path(directory), log, read_only
+    if not read_only:
+      self._refuse_planted_links()
     save_policies = [policies.PreemptionCheckpointingPolicy()]
     if every_steps:
       save_policies.append(policies.FixedIntervalPolicy(every_steps))
-    options = ocp.CheckpointManagerOptions(
-        save_decision_policy=policies.AnySavePolicy(save_policies), preservation_policy=policies.LatestN(keep),
-        enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
-        create=not read_only)
-    # The PyTree handler writes what the standard one does and can also restore the params alone.
-    handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(_quiet_read_only)
+    try:
+      options = ocp.CheckpointManagerOptions(
+          save_decision_policy=policies.AnySavePolicy(save_policies), preservation_policy=policies.LatestN(keep),
+          enable_async_checkpointing=async_save, cleanup_tmp_directories=not read_only, read_only=read_only,
+          create=not read_only)
+      # The PyTree handler writes what the standard one does and can also restore the params alone.
+      handlers = dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler())
+      self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    finally:
+      absl_logger.removeFilter(_quiet_read_only)
     self._records, self._previous_hook = {}, None
     self._pending, self.failed = None, False  # the step of the last save started; whether a save ran out of space
+    self._settled = None  # the step of the last save known to be finished
 
   def __enter__(self):
     logging.getLogger("absl").addFilter(self._quiet_reported)
@@ -97,7 +116,7 @@ class Checkpoints:
     interrupted a save, which the command reports in one line."""
     error = record.exc_info[1] if record.exc_info else None
     return not (is_disk_full(error) or isinstance(error, KeyboardInterrupt)
-                or "No space left on device" in record.getMessage())
+                or is_disk_full(RuntimeError(record.getMessage())))
 
   def _quiet_abandoned_writes(self, unraisable) -> None:
     """`sys.unraisablehook` while open: drops the "Event loop is closed" RuntimeErrors of a failed or interrupted
@@ -115,6 +134,7 @@ class Checkpoints:
   def save(self, step: int, state: TrainState, data_state: dict, config: dict, force: bool = False) -> bool:
     """Starts an (async) save of `step`, recording `config` and the fingerprints restore verifies; a full disk
     (here, or in the previous save, still being written) raises DiskFullError, earlier checkpoints stay intact."""
+    self._refuse_planted_links(step)
     record = dict(config, fingerprints=integrity.array_fingerprints(state),
                   data_fingerprint=integrity.json_fingerprint(data_state))
     args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(
@@ -123,15 +143,36 @@ class Checkpoints:
     self._pending = step if started else self._pending
     return started
 
+  def _refuse_planted_links(self, step: int | None = None) -> None:
+    """Raises RefusedPath for a symbolic link where Orbax writes or deletes: a step's folder or its temporary one
+    (`step`'s, or any in the folder; Orbax would write through it, or fail in tracebacks naming no cause)."""
+    if paths.is_remote(self.directory) or not os.path.isdir(self.directory):
+      return
+    for name in os.listdir(self.directory):
+      if (name == str(step) or name.startswith(f"{step}{_TMP}") if step is not None else
+          name.isdigit() or _TMP in name):
+        files.refuse_link(self.directory / name, "a checkpoint folder this program writes")
+
   def wait(self) -> None:
     """Blocks until pending saves are on disk."""
     self._guard(None, self.manager.wait_until_finished)
+    self._settled = self._pending
+
+  def check_save(self) -> None:
+    """Raises as `wait` does once the async save in flight has ended in a failure (a full disk, the file-size
+    limit), so training stops at the failed save rather than at the next one. Single-process runs: processes might
+    see the end at different steps, so a multi-process run learns of it at its next save, on every process."""
+    if (self._pending is None or self._pending == self._settled or jax.process_count() > 1
+        or self.manager.is_saving_in_progress()):
+      return
+    self.wait()
 
   def _guard(self, step, fn):
     try:
       return fn()
     except Exception as error:
-      if not is_disk_full(error):
+      cause = disk_full(error)
+      if not cause:
         raise
       self.failed = True
       try:
@@ -144,9 +185,9 @@ class Checkpoints:
       where = f" step {failed}" if failed is not None else ""
       kept = (f"checkpoint step {complete[-1]} is intact. " if complete else "no checkpoint was completed. ")
       resume = f"resume from step {complete[-1]}" if complete else "start again"
-      raise DiskFullError(f"disk full: saving checkpoint{where} under {self.directory} failed (no space left on "
-                          f"device); {kept}Free disk space (or copy the workdir to a larger disk and point "
-                          f"--workdir there), then rerun the same command to {resume}.") from error
+      fix = free_space(cause, "copy the workdir to a larger disk and point --workdir there")
+      raise DiskFullError(f"disk full: saving checkpoint{where} under {self.directory} failed ({cause}); {kept}{fix}, "
+                          f"then rerun the same command to {resume}.") from error
 
   def restore_latest(self, abstract, config: dict | None, allow_settings_change: bool = False,
                      allow_unverified: bool = False, step: int | None = None):
@@ -307,15 +348,19 @@ class Checkpoints:
     if self.read_only:
       return
     if jax.process_index() == 0:
-      aside = self.directory.parent / "checkpoints_unreadable"
-      aside.mkdir(exist_ok=True)
+      aside = files.make_folder(self.directory.parent / "checkpoints_unreadable", inside=self.directory.parent)
       readme = aside / "README.txt"
-      if not readme.exists():  # a bucket "folder" exists only once it holds an object, and rename needs it to
-        readme.write_text("Checkpoints that could not be restored, moved here from checkpoints/ by hourglass-train."
-                          "\n")
-      (self.directory / str(step)).rename(aside / f"{step}-{int(time.time())}")
+      if not _regular_file(readme):  # a bucket "folder" exists only once it holds an object, and rename needs it to
+        files.write_text(readme, "Checkpoints that could not be restored, moved here from checkpoints/ by "
+                         "hourglass-train.\n")
+      files.move(self.directory / str(step), aside / f"{step}-{int(time.time())}")
     multihost_utils.sync_global_devices(f"checkpoint_moved_aside_{step}")
     self.manager.reload()
+
+
+def _regular_file(path) -> bool:
+  """Whether `path` is a file, not a link (a planted one is replaced, never written through)."""
+  return path.exists() if paths.is_remote(path) else os.path.isfile(path) and not os.path.islink(path)
 
 
 class NoCheckpointError(TrainError, FileNotFoundError):

@@ -1,15 +1,13 @@
 """Everything checkable about a run before anything compiles: config keys and values, mesh, batch split."""
 
 import difflib
-import math
 
 import ml_collections
 
 from hourglass_jax.data.sources import check_data_config
 from hourglass_jax.model.hourglass.dynamic.level import check_segments_in_window
 from hourglass_jax.train.run_config import base_config
-
-SCHEDULES = ("cosine", "rsqrt", "constant")
+from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 
 
 class TrainError(RuntimeError):
@@ -44,58 +42,28 @@ def _suggest(name: str, choices) -> str:
   return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _positive(section: str, cfg, *fields: str, allow_zero: bool = False) -> None:
-  for field in fields:
-    value = cfg[field]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
-      raise ValueError(f"{section}.{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}.")
-
-
-def _finite(cfg: ml_collections.ConfigDict) -> None:
-  """A nan or inf setting (a learning rate, an eps) would surface only after compiling, as a nan loss."""
-  for section in ("data", "train", "checkpoint"):
-    for key, value in cfg[section].items():
-      if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{section}.{key}={value!r} must be a finite number.")
-
-
-def _fraction(section: str, cfg, field: str, what: str, *, closed: bool) -> None:
-  value = cfg[field]
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value <= 1 if closed else
-                                                                            0 <= value < 1):
-    raise ValueError(f"{section}.{field}={value!r} must be in [0, 1{']' if closed else ')'} ({what}).")
-
-
 def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
-  """Keys, value ranges and choices of the non-model sections."""
+  """Keys, then each typed section's own checks (types, ranges, choices: train/settings.py, data/settings.py), then
+  what spans sections."""
   check_known_keys(cfg)
-  _finite(cfg)
   check_data_config(cfg.data, vocab_size)
-  train = cfg.train
-  if train.schedule not in SCHEDULES:
-    raise ValueError(f"train.schedule={train.schedule!r}; choose one of {', '.join(SCHEDULES)}.")
-  _positive("train", train, "steps", "learning_rate", "grad_accum_steps", "log_every")
-  _positive("train", train, "warmup_steps", "weight_decay", "grad_clip_norm", "eval_every", "sample_bytes",
-            "peak_flops_per_device", "eps", allow_zero=True)
-  for field, usual in (("b1", 0.9), ("b2", 0.98)):  # at 1, Adam's bias correction divides by 1 - 1 = 0
-    _fraction("train", train, field, f"Adam's decay rate, usually {usual}", closed=False)
-  _fraction("train", train, "min_lr_ratio", "the cosine schedule's final fraction of learning_rate", closed=True)
-  _positive("checkpoint", cfg.checkpoint, "keep")
-  _positive("checkpoint", cfg.checkpoint, "every_steps", allow_zero=True)
-  _positive("data", cfg.data, "eval_batches", allow_zero=True)
-  if cfg.data.batch_size % train.grad_accum_steps:
+  TrainSettings.of(cfg.train)
+  CheckpointSettings.of(cfg.checkpoint)
+  if cfg.data.batch_size % cfg.train.grad_accum_steps:
     raise ValueError(f"data.batch_size={cfg.data.batch_size} is not divisible by train.grad_accum_steps="
-                     f"{train.grad_accum_steps}; each micro-batch must have the same size.")
+                     f"{cfg.train.grad_accum_steps}; each micro-batch must have the same size.")
 
 
 def warmup_warning(train: ml_collections.ConfigDict) -> str | None:
-  """A schedule whose warmup does not end before the last step never reaches train.learning_rate."""
+  """A schedule whose warmup does not end before the last step never reaches train.learning_rate: the last step
+  (index steps - 1) takes learning_rate x (steps - 1) / warmup_steps."""
   if train.warmup_steps < train.steps:
     return None
-  last = train.learning_rate * train.steps / train.warmup_steps
+  lr, last = train.learning_rate, train.learning_rate * (train.steps - 1) / train.warmup_steps
+  digits = next((n for n in range(3, 17) if f"{last:.{n}g}" != f"{lr:.{n}g}"), 17)  # enough to tell them apart
   return (f"train.warmup_steps={train.warmup_steps} >= train.steps={train.steps}: the learning rate never reaches "
-          f"train.learning_rate={train.learning_rate:g} (it stops at {last:.3g}); set "
-          f"--config.train.warmup_steps={train.steps // 10} or raise --config.train.steps.")
+          f"train.learning_rate={lr:g} (the last step's is {last:.{digits}g}, {last / lr:.{max(digits - 2, 1)}%} of "
+          f"it); set --config.train.warmup_steps={train.steps // 10} or raise --config.train.steps.")
 
 
 def check_batch_split(cfg: ml_collections.ConfigDict, parallelism: int, process_count: int) -> None:

@@ -5,7 +5,7 @@ dashed, a whole-split one filled, so the two are never taken for each other; eac
 
 import pathlib
 
-from hourglass_jax import paths
+from hourglass_jax import files, paths
 from hourglass_jax.train import run_files
 
 X_AXES = {"step": "step", "tokens": "tokens_seen"}
@@ -84,8 +84,10 @@ def plot_runs(workdirs, output, x: str = "step") -> str:
   train_ax.set_ylabel(f"bits per {unit}")
   figure.tight_layout()
   path = paths.as_path(output)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("wb") as f:
-    figure.savefig(f, format="png", dpi=110)
-  plt.close(figure)
+  try:
+    files.make_folder(path.parent)
+    with files.atomic_file(path) as f:
+      figure.savefig(f, format="png", dpi=110)
+  finally:
+    plt.close(figure)
   return str(path)

@@ -10,8 +10,7 @@ import ml_collections
 from hourglass_jax import sharding
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.data.settings import DataSettings
-from hourglass_jax.train import run_files
-from hourglass_jax.train.checkpoint import read_params
+from hourglass_jax.train import model_source, run_files
 from hourglass_jax.train.progress import progress_bar
 from hourglass_jax.train.trainer import Evaluator
 
@@ -34,6 +33,9 @@ def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0, pro
       bar.update(1)
     outs.append(out)
     sown.append(metrics)
+  if outs and not bar.disable:
+    jax.block_until_ready(outs[-1])
+    bar.update(1)  # the last batch: the bar ends at 100%
   bar.close()
   # Summed on the host in float64: float32 counts stop being exact past 2^24 tokens (a 90M-byte split).
   outs = sharding.to_host(outs)
@@ -68,18 +70,20 @@ def describe(result: dict, split: str) -> str:
 
 def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str | None = None,
                         log=print, max_batches: int = 0, progress: bool = False, record: bool = False) -> dict:
-  """Restores the params alone of the newest checkpoint in `workdir` onto this host's devices and evaluates them
-  on `split` (default data.eval_split): the whole split, or its first `max_batches` batches (a partial score; the
-  trainer's periodic evaluations take data.eval_batches, which does not apply here). No optimizer, no train step, no
-  train split. `record`: a whole-split score is written to the workdir's evaluations/ (run_files), process 0."""
+  """Restores the params alone of the newest checkpoint in `workdir` (or of the export folder it names, `cfg` then
+  from model_source.export_config) onto this host's devices and evaluates them on `split` (default
+  data.eval_split): the whole split, or its first `max_batches` batches (a partial score; the trainer's periodic
+  evaluations take data.eval_batches, which does not apply here). No optimizer, no train step, no train split.
+  `record`: a workdir's whole-split score is written to its evaluations/ (run_files), process 0; an export folder
+  is never written to."""
   if max_batches < 0:
     raise ValueError(f"--batches={max_batches} must be >= 0 (0 = the whole split).")
   evaluator = Evaluator(cfg, sharding.make_mesh(cfg.mesh))
   split = split or cfg.data.eval_split
   with jax.set_mesh(evaluator.mesh):
-    params, step, _ = read_params(workdir, evaluator.abstract, cfg, log=log)
+    params, step = model_source.read(workdir, evaluator.abstract, cfg, log=log)
     result = evaluate(evaluator, params, split, max_batches, progress)
   log(f"step {step}: {describe(result, split)}")
-  if record and result["whole_split"] and jax.process_index() == 0:
+  if record and result["whole_split"] and jax.process_index() == 0 and not model_source.is_export(workdir):
     run_files.record_evaluation(workdir, step, split, result, log)
   return dict(result, step=step)

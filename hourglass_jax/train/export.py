@@ -1,11 +1,11 @@
 """`hourglass-export`: a checkpoint's parameters (only those: no optimizer state) restored read-only from a run's
 workdir by the one checkpoint reader (checkpoint.read_params: verified against the fingerprints recorded when it
 was saved) and written as safetensors with a model card (hourglass_jax.weights) that says what they are: the
-training data, steps and tokens seen, the whole-split scores recorded for that step, license and intended use (the
-Hugging Face model-card metadata names where they fit: license, library_name, datasets, pipeline_tag,
-model-index)."""
+training data, steps and tokens seen, the recipe, the whole-split scores recorded for that step, license and
+intended use (the Hugging Face model-card metadata names where they fit: license, library_name, datasets (Hub ids
+only), pipeline_tag, model-index), as config.json and as the Hub's README.md (hourglass_jax.hub_card)."""
 
-from hourglass_jax import paths, weights
+from hourglass_jax import hub_card, paths, weights
 from hourglass_jax.data import sources
 from hourglass_jax.train import run_files
 from hourglass_jax.train.checkpoint import read_params
@@ -37,7 +37,11 @@ def export_params(workdir, output_dir, step: int | None = None, dtype: str | Non
   card = weights.save_params(params, record["model"], output_dir, step=step, seq_len=record.get("seq_len"),
                              dtype=dtype, overwrite=overwrite, about=about_run(workdir, step, record, license_id))
   log(f"exported step {step}: {card['num_params']:,} parameters ({card['weights_dtype']}) to "
-      f"{paths.as_path(output_dir) / weights.WEIGHTS_FILE} and {weights.CARD_FILE}")
+      f"{str(output_dir).rstrip('/')}/{weights.WEIGHTS_FILE}, with {weights.CARD_FILE} and {hub_card.README_FILE} "
+      "(the model card, for hourglass_jax and for the Hugging Face Hub)")
+  if license_id is None:
+    log("warning: no --license given, so the card states none and the Hub shows none; pass --license=ID (a Hugging "
+        "Face license id such as apache-2.0) for the terms of these weights, which the training data's may restrict.")
   return card
 
 
@@ -55,15 +59,26 @@ def about_run(workdir, step: int, record: dict, license_id: str | None = None) -
   scores.update({split: dict(r, **{f"bits_per_{unit}": r["bits"]})
                  for split, r in run_files.evaluations(workdir, step).items() if "bits" in r})
   task = "text-generation" if unit == "byte" else "unconditional-image-generation"
+  hub_id = _hub_id(dataset)
   results = [dict(task=dict(type=task),
-                  dataset=dict(name=dataset, type=dataset, split=split),
+                  dataset=dict(name=dataset, type=hub_id or dataset, split=split),
                   metrics=[dict(type=f"bits_per_{unit}", value=round(score[f"bits_per_{unit}"], 6),
                                 name=f"{split} bits/{unit}, whole split")])
              for split, score in sorted(scores.items())]
   return {"license": license_id, "library_name": "hourglass_jax",
           "pipeline_tag": task,
-          "datasets": [dataset] if dataset else [], "intended_use": INTENDED_USE,
+          "datasets": [hub_id] if hub_id else [], "intended_use": INTENDED_USE,
           "training": dict(dataset=dataset, source=data.get("source"), steps=step, tokens_seen=tokens,
-                           batch_size=record.get("batch_size"), seq_len=record.get("seq_len")),
+                           batch_size=record.get("batch_size"), seq_len=record.get("seq_len"),
+                           recipe=dict(record["train"], dropout=record["model"].get("dropout"))
+                           if isinstance(record.get("train"), dict) else None),
           "model-index": [dict(name=f"hourglass_jax {record['model'].get('kind', '')} step {step}".strip(),
                                results=results)]}
+
+
+def _hub_id(dataset: str | None) -> str | None:
+  """The data set's Hugging Face Hub id (the catalog's), None where it has none (the embedded corpus, local text)."""
+  try:
+    return sources.spec(dataset).hub_id if dataset else None
+  except ValueError:
+    return None

@@ -8,18 +8,21 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from hourglass_jax import compile_cache, distributed, generation, paths, sharding
 from hourglass_jax.data import sources
 from hourglass_jax.train import metrics as metrics_lib
+from hourglass_jax.train import run_files
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError, warmup_warning
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.prefetch import DevicePrefetch
 from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.progress import progress_bar
-from hourglass_jax.train.report import report_compiled
+from hourglass_jax.train.report import example_prompt, report_compiled
 from hourglass_jax.train.run_files import MetricsLog
 from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.trainer import Trainer
@@ -64,6 +67,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
   trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
   if warning := warmup_warning(cfg.train):
     log(f"warning: {warning}")
+  _check_run_files(workdir, log)
   with jax.set_mesh(mesh), WorkdirLock(workdir, log), StopSignals(log) as signals, Checkpoints(
       workdir / "checkpoints", cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.async_save,
       log) as checkpoints:
@@ -82,12 +86,28 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None,
     log(f"compile: {seconds:.1f} s ({compile_cache.describe(cache)})")
     main = jax.process_index() == 0
     with metrics_lib.SummaryWriter(str(workdir), main) as writer:
-      metrics_log = MetricsLog(workdir, restored[2] if restored else 0, main)
+      metrics_log = MetricsLog(workdir, restored[2] if restored else 0, main, log)
       try:
         return dict(_train(trainer, compiled, perf, restored, checkpoints, signals, writer, metrics_log, log),
                     compile_seconds=seconds, compile_cache_hits=cache.hits, compile_saved_seconds=cache.saved_seconds)
       finally:
         metrics_log.close()
+
+
+def _check_run_files(workdir, log) -> None:
+  """The metrics.jsonl the run will append to, read back on process 0 before anything compiles: damaged, a folder
+  or a link is refused on every process, naming the file (and line) and the fix."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      if note := run_files.check_metrics(workdir):
+        log(f"note: {note}")
+    except ValueError as refused:
+      error = refused
+  if jax.process_count() > 1 and multihost_utils.broadcast_one_to_all(np.int32(error is not None)):
+    raise error or TrainError(f"process 0 refused {workdir / run_files.METRICS_FILE}; see its log.")
+  if error is not None:
+    raise error
 
 
 def _train(trainer: Trainer, compiled, perf: dict, restored, checkpoints: Checkpoints, signals: StopSignals,
@@ -130,6 +150,7 @@ class _Run:
     distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
     for step in range(self.start + 1, self.total + 1):
       state, device_metrics = compiled(state, next(self.batches))
+      checkpoints.check_save()  # a save that failed in the background stops the run here, not at the next save
       self.drain()
       self.pending = (step, device_metrics)
       self.summary["step"] = step
@@ -161,7 +182,7 @@ class _Run:
     values = {k: float(v) for k, v in sharding.to_host(device_metrics).items()}
     if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
       raise TrainError(_divergence_message(step, values, self.saved, self.start if self.resumed else None,
-                                           self.checkpoints))
+                                           self.checkpoints, self.cfg.train.eps))
     self.summary["losses"][step] = values["loss"]
     self.train_extras = {name: values[name] for name in values if name not in _STEP_METRICS}
     self.meter.add(values["loss"], values["grad_norm"])
@@ -222,6 +243,8 @@ class _Run:
       self.log(f"speed over {meter.steps_total} timed steps (evaluation and checkpoints excluded): "
                f"{summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
                f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
+    if sources.dataset_kind(cfg.data.name) == "text":
+      summary["prompt"] = example_prompt(eval_text(self.trainer.eval_source(cfg.data.eval_split)))
     if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
       summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, self.trainer, state.params)
       text = (summary["sample_prompt"] + summary["sample"]).decode("utf-8", errors="replace")
@@ -243,6 +266,17 @@ def bar_label(metric: str) -> str:
   return metric.rsplit("/", 1)[-1] + (f"[{depth + 1}]" if depth else "")
 
 
+def eval_text(source, size: int = 4096) -> bytes:
+  """The first `size` bytes (about) of an eval split's windows, for `example_prompt`."""
+  parts, count = [], 0
+  for i in range(len(source)):
+    if count >= size:
+      break
+    parts.append(bytes(np.asarray(source[i]).astype("uint8")))
+    count += len(parts[-1])
+  return b"".join(parts)
+
+
 def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) -> tuple[bytes, bytes]:
   """(prompt, continuation): the first bytes of the eval split (up to 64, a quarter of data.seq_len) continued by
   train.sample_bytes bytes at temperature 0.8 and seed train.seed, with hourglass-sample's generation path (the KV
@@ -259,9 +293,14 @@ def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) 
 _STEP_METRICS = ("loss", "grad_norm", "update_norm", "learning_rate")
 
 
-def _divergence_message(step: int, values: dict, saved: int | None, resumed_from: int | None, checkpoints) -> str:
+TINY_EPS = 1e-12  # an Adam eps below this lets a near-zero second moment blow an update up
+
+
+def _divergence_message(step: int, values: dict, saved: int | None, resumed_from: int | None, checkpoints,
+                        eps: float = 1e-9) -> str:
   """Names the likely cause: a suspect checkpoint when the run diverges before its first save after resuming
-  from it, the optimisation settings otherwise."""
+  from it; train.eps when the gradients are finite but the update is not (Adam divides by sqrt(v) + eps) or eps is
+  tiny; the optimisation settings otherwise."""
   head = (f"training diverged at step {step}: loss {values['loss']}, gradient norm {values['grad_norm']}, update "
           f"norm {values['update_norm']}; stopped without saving it. ")
   if resumed_from is not None and saved == resumed_from:
@@ -272,5 +311,10 @@ def _divergence_message(step: int, values: dict, saved: int | None, resumed_from
                    f"region). Move {checkpoints.directory / str(resumed_from)} into "
                    f"{checkpoints.directory.parent / 'checkpoints_unreadable'}/ to {fallback}, then rerun; if it "
                    "diverges again, lower train.learning_rate or set train.grad_clip_norm.")
-  return head + ((f"The last checkpoint (step {saved}) is intact. " if saved is not None else "")
-                 + "Lower train.learning_rate, raise train.warmup_steps or set train.grad_clip_norm, then rerun.")
+  intact = f"The last checkpoint (step {saved}) is intact. " if saved is not None else ""
+  update_only = math.isfinite(values["grad_norm"]) and not math.isfinite(values["update_norm"])
+  if update_only or eps < TINY_EPS:
+    why = ("The gradients are finite but the optimizer's update is not: " if update_only else "")
+    return head + intact + (f"{why}Adam divides by sqrt(v) + train.eps, and train.eps={eps:g} lets a near-zero "
+                            "second moment blow an update up; raise it (--config.train.eps=1e-8), then rerun.")
+  return head + intact + "Lower train.learning_rate, raise train.warmup_steps or set train.grad_clip_norm, then rerun."

@@ -2,13 +2,14 @@
 
 import functools
 import math
+import secrets
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax.paths import is_disk_full
+from hourglass_jax.paths import disk_full, free_space
 from hourglass_jax.train.checks import DiskFullError, TrainError
 
 # Dense bf16 peak FLOP/s per JAX device (a TPU v2/v3 device is one core; v4 and later, one chip). First match wins.
@@ -115,7 +116,9 @@ class SummaryWriter:
     self._writer, self.logdir = None, logdir
     if enabled:
       from tensorboardX import SummaryWriter as TBWriter
-      self._writer = TBWriter(logdir=logdir, flush_secs=10)
+      # tensorboardX opens its events file itself, named by the time and host: a random suffix makes the name
+      # unpredictable, so no link can be planted there beforehand (hourglass_jax.files' rule for its own names).
+      self._writer = TBWriter(logdir=logdir, flush_secs=10, filename_suffix=f".{secrets.token_hex(4)}")
 
   def scalars(self, step: int, values: dict) -> None:
     if self._writer:
@@ -137,11 +140,12 @@ class SummaryWriter:
     except OSError as error:
       if error_type is not None:
         return  # the error ending the run is the one reported
-      if not is_disk_full(error):
+      cause = disk_full(error)
+      if not cause:
         raise
-      raise DiskFullError(f"disk full: writing the TensorBoard summaries under {self.logdir} failed (no space "
-                          "left on device). Free disk space (or copy the workdir to a larger disk and point "
-                          "--workdir there), then rerun the same command to resume.") from error
+      fix = free_space(cause, "copy the workdir to a larger disk and point --workdir there")
+      raise DiskFullError(f"disk full: writing the TensorBoard summaries under {self.logdir} failed ({cause}). "
+                          f"{fix}, then rerun the same command to resume.") from error
 
 
 def preformatted(text: str) -> str:

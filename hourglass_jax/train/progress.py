@@ -1,6 +1,6 @@
 """Progress bars (tqdm) that also read well in a log file: on a terminal a bar redraws in place; written to a file or
-a pipe (`> train.log`, SLURM, a pod's logs), each refresh is a line of its own, at most one every LOG_SECONDS, instead
-of one line of carriage-return-joined updates."""
+a pipe (`> train.log`, SLURM, a pod's logs), each refresh is a line of its own, at most one every LOG_SECONDS, and
+the last one when the bar ends, instead of one line of carriage-return-joined updates."""
 
 import sys
 
@@ -31,11 +31,13 @@ class LineWriter:
 
 
 def progress_bar(stream=None, **kwargs) -> tqdm:
-  """tqdm(**kwargs) on `stream` (default stderr), one line per refresh when `stream` is not a terminal."""
+  """tqdm(**kwargs) on `stream` (default stderr), one line per refresh when `stream` is not a terminal, the last
+  one included: a log erases nothing, so a bar that a terminal clears when it ends (leave=False) still ends on its
+  final frame there, not on the first (a bar shorter than LOG_SECONDS shows no other)."""
   stream = stream or sys.stderr
   if not (hasattr(stream, "isatty") and stream.isatty()):
     kwargs = dict(kwargs, file=LineWriter(stream), mininterval=max(kwargs.get("mininterval", 0.1), LOG_SECONDS),
-                  dynamic_ncols=False)
+                  dynamic_ncols=False, leave=True)
   else:
     kwargs = dict(kwargs, file=stream)
   return tqdm(**kwargs)

@@ -3,7 +3,7 @@ every scanned stack applies inside its scan (recompute each block's activations 
 
 import dataclasses
 
-from hourglass_jax.model.config import REMAT_POLICIES, ModelConfig
+from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.train.settings import TrainSettings
 
 
@@ -13,8 +13,4 @@ def training_model_config(cfg) -> ModelConfig:
   train = TrainSettings.of(cfg.train)
   if not train.remat:
     return model_cfg
-  policy = train.remat_policy
-  if policy not in REMAT_POLICIES[1:]:
-    raise ValueError(f"train.remat_policy={policy!r} is not supported; choose one of "
-                     f"{', '.join(REMAT_POLICIES[1:])} (or train.remat=False).")
-  return dataclasses.replace(model_cfg, remat_policy=policy)
+  return dataclasses.replace(model_cfg, remat_policy=train.remat_policy)  # checked by TrainSettings

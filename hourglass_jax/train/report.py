@@ -1,5 +1,8 @@
-"""What a run prints before its first step: model size, FLOPs per step, compiled memory, and the MFU peak."""
+"""What a run prints before its first step: model size, FLOPs per step, compiled memory, and the MFU peak; and
+after its last, the commands that use it (`next_steps`)."""
 
+import collections
+import re
 import shlex
 
 import jax
@@ -49,13 +52,24 @@ def report_compiled(trainer, compiled, log) -> dict:
               peak_flops_per_device=peak, peak_source=peak_source)
 
 
-def next_steps(config: str, workdir: str, overrides=(), text: bool = True, bin_dir: str = "") -> str:
+def example_prompt(text: bytes) -> str | None:
+  """A prompt in the style of `text` (the start of a text run's eval split): its most frequent word and a space
+  ('the ' for English prose), else its first character; None for no text."""
+  decoded = text.decode("utf-8", errors="ignore")
+  words = collections.Counter(re.findall(r"[^\W\d_]{2,}", decoded))
+  if words:
+    return words.most_common(1)[0][0] + " "
+  return decoded.strip()[:1] or None
+
+
+def next_steps(config: str, workdir: str, overrides=(), prompt: str | None = None, bin_dir: str = "") -> str:
   """What a finished run prints last: where its checkpoints, metrics and TensorBoard logs are and the commands that
   sample, evaluate, export and plot it (`config`: the --config argument, `overrides`: the --config.* arguments the
-  run had, `bin_dir`: the folder of the hourglass-* commands, '' when they are on PATH)."""
+  sample and eval commands need, `prompt`: the sample command's (None: an image model), `bin_dir`: the folder of
+  the hourglass-* commands, '' when they are on PATH)."""
   run = " ".join(shlex.quote(arg) for arg in (f"--config={config}", f"--workdir={workdir}", *overrides))
   command = lambda name: shlex.quote(f"{bin_dir}/{name}" if bin_dir else name)
-  prompt = " --prompt='def '" if text else ""
+  prompt = f" --prompt={shlex.quote(prompt)}" if prompt else ""
   output = shlex.quote(f"{str(workdir).rstrip('/')}_export")
   folder = str(workdir).rstrip("/")
   return "\n".join([

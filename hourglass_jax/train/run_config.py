@@ -6,7 +6,7 @@ from ml_collections import config_dict
 
 from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model.config import config_section_fields
-from hourglass_jax.sharding import DEFAULT_RULES
+from hourglass_jax.sharding import MeshSettings
 from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 
 
@@ -25,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
   cfg.train = ml_collections.ConfigDict(TrainSettings.defaults())
 
   # Mesh axis sizes, -1 = all remaining devices; `rules` maps logical axes to mesh axes.
-  cfg.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, rules=DEFAULT_RULES))
+  cfg.mesh = ml_collections.ConfigDict(MeshSettings.defaults())
 
   cfg.checkpoint = ml_collections.ConfigDict(CheckpointSettings.defaults())
   return cfg

@@ -8,11 +8,9 @@ hourglass-sample) take no lock. On a gs:// workdir the check and the write are t
 create: two runs started within the same second could both pass.
 """
 
-import contextlib
 import json
 import os
 import socket
-import tempfile
 import threading
 import time
 
@@ -20,7 +18,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from hourglass_jax import paths
+from hourglass_jax import files, paths
 from hourglass_jax.paths import is_disk_full
 from hourglass_jax.train.checks import DiskFullError, TrainError
 
@@ -86,7 +84,7 @@ class WorkdirLock:
   def _acquire(self, tries: int = 3) -> str | None:
     """Takes the lock; returns the refusal message instead if a live run holds it."""
     now = time.time()
-    self.path.parent.mkdir(parents=True, exist_ok=True)
+    files.make_folder(self.path.parent)
     if not paths.is_remote(self.path) and os.path.islink(self.path):
       return (f"{self.path} is a symbolic link (to {os.readlink(self.path)}), not a lock this program wrote; delete "
               "the link and rerun.")
@@ -119,29 +117,13 @@ class WorkdirLock:
     return None
 
   def _write(self, exclusive: bool = False) -> None:
+    """The record with a new heartbeat: created exclusively (a lock), or replacing the lock whole (a heartbeat),
+    so a reader never sees a half-written record; never through a link (hourglass_jax.files)."""
     text = json.dumps(self._record | {"heartbeat": time.time()})
-    if paths.is_remote(self.path):
-      self.path.write_text(text)  # one object write: readers see the old or the new record, whole
-    elif exclusive:
-      fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-      try:
-        with os.fdopen(fd, "w") as f:
-          f.write(text)
-      except OSError:  # a full disk: leave no empty lock behind
-        os.unlink(self.path)
-        raise
-    else:  # a heartbeat: write beside, then rename, so a reader never sees a half-written record. mkstemp creates
-      # a new file (O_EXCL) under an unpredictable name: never one planted there, nor a link's target.
-      fd, partial = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-      try:
-        with os.fdopen(fd, "w") as f:
-          f.write(text)
-        os.chmod(partial, 0o644)
-        os.replace(partial, self.path)
-      except BaseException:
-        with contextlib.suppress(OSError):
-          os.unlink(partial)
-        raise
+    if exclusive:
+      files.create_exclusive(self.path, text)
+    else:
+      files.write_text(self.path, text)
 
   def _is_ours(self, holder: dict) -> bool:
     return all(holder.get(k) == self._record[k] for k in ("host", "pid", "started"))

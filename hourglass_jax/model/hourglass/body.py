@@ -29,7 +29,8 @@ from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HourglassSettings:
   """The Hourglass body's settings (the paper's enwik8 model): `ModelConfig` inherits them, `Hourglass` takes them."""
-  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))  # elsewhere one level: its depth
+  # the levels, N layers at cumulative shortening factor F each ("N@F ..."); vanilla and retina: one level, its depth
+  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))
   shorten: str = setting("attention_avg", function_of=("hourglass",))  # SHORTEN_METHODS, or 'dynamic' (learned)
   upsample: str = setting("attention_repeat", function_of=("hourglass",))  # UPSAMPLE_METHODS
 

@@ -23,8 +23,8 @@ class MultiScaleSettings:
   scales: str = setting("64,16,4,1", function_of=MULTISCALE_KINDS)  # cumulative pooling factors, coarse to fine
   layers_per_scale: str = setting("2,4,8,12", function_of=("topdown", "bottomup"))  # one layer count per scale
   heads_per_scale: str = setting("", function_of=("bottomup", "retina"))  # heads reading each scale ('' = even)
-  downsampler: str = setting("avg", function_of=MULTISCALE_KINDS)  # DOWNSAMPLERS: 'avg' or 'conv'
-  upsampler: str = setting("transposed_conv", function_of=("topdown",))  # UPSAMPLERS: 'transposed_conv' or 'repeat'
+  downsampler: str = setting("avg", function_of=MULTISCALE_KINDS)  # DOWNSAMPLERS: pooling to a coarser scale
+  upsampler: str = setting("transposed_conv", function_of=("topdown",))  # UPSAMPLERS: top-down's way back
   retina_windows: str = setting("", function_of=("retina",))  # one 'a:b' window per scale, nearest first
 
 

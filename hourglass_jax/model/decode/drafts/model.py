@@ -2,13 +2,32 @@
 (the first of them also feeding the last two accepted tokens, which its cache may not hold yet)."""
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
 
+from hourglass_jax.model import counting
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.decode.drafts.base import Draft, register
 from hourglass_jax.model.decode.steps import check_params, extend, max_len_for, prefill, row_positions
+
+MAX_FRACTION = 0.1  # of the target's parameters: configs/draft.py sizes drafts under it, larger ones are warned about
+
+
+def size_warning(draft_cfg: ModelConfig, target_cfg: ModelConfig) -> str | None:
+  """One line when a draft model cannot pay: the target itself, or more than MAX_FRACTION of its parameters (a
+  decode step reads every weight, so each proposal costs about that fraction of a target step)."""
+  if draft_cfg == target_cfg:
+    return ("the draft model is the target model itself (the same settings): each pass checks proposals the target "
+            "computed at its own full cost, so it decodes slower than plain decoding; use a smaller draft "
+            "(configs/draft.py) or draft='ngram'.")
+  draft, target = counting.total_params(draft_cfg), counting.total_params(target_cfg)
+  if draft <= MAX_FRACTION * target:
+    return None
+  return (f"the draft model has {draft:,} parameters, {draft / target:.0%} of the target's {target:,}: each proposal "
+          f"costs about that share of a target step, more than speculation gains back above {MAX_FRACTION:.0%} "
+          "(docs/generation.md); configs/draft.py sizes a draft for a target.")
 
 
 @register
@@ -31,6 +50,8 @@ class Model(Draft):
     if params is None:
       raise ValueError("a draft model needs its params (the `draft_params` of generate).")
     check_params(params, self.cfg, "draft_params")
+    if warning := size_warning(self.cfg, target_cfg):
+      warnings.warn(warning)  # once per process: load_draft and generate both check
 
   def start(self, params, prompt_BxP, max_len):
     return prefill(params, self.cfg, prompt_BxP, max_len_for(self.cfg, max_len))[0]

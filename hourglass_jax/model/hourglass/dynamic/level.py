@@ -40,6 +40,7 @@ class LevelSettings:
 # A dynamic level's settings, its own and those its registered predictors declare with `setting`: `ModelConfig`
 # inherits them (config keys model.<name>), `Hourglass` and `DynamicShorten` take them as keyword arguments.
 DynamicSettings = settings_class("DynamicSettings", dataclasses.fields(LevelSettings) + SETTINGS, frozen=True)
+DynamicSettings.settings_sources = (LevelSettings, BoundaryPredictor, *PREDICTORS.values())  # their field docs
 DYNAMIC_FIELDS = tuple(f.name for f in dataclasses.fields(DynamicSettings))
 
 

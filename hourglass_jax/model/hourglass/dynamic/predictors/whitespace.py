@@ -44,8 +44,10 @@ class Whitespace(BoundaryPredictor):
   """b_t = `boundaries_BxL`, less those `merge_runs` drops where `runs_BxL` marks run bytes, both made by the LM from
   the tokens (`from_tokens`): a segment closes after each byte of `boundary_bytes`, but a run of `boundary_run_bytes`
   closes one, after its first byte (' ': an indentation stays in one segment; decoding keeps the last token's)."""
-  boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))  # characters 0-255
-  boundary_run_bytes: str = setting("", function_of=(DYNAMIC,))  # some of boundary_bytes
+  # 'whitespace': a segment closes after each of these bytes (a string of characters 0-255)
+  boundary_bytes: str = setting(WHITESPACE_BYTES.decode(), function_of=(DYNAMIC,))
+  # 'whitespace': some of boundary_bytes, a run of which closes one segment, after its first byte
+  boundary_run_bytes: str = setting("", function_of=(DYNAMIC,))
 
   key = "whitespace"
   module_name = "whitespace"
