@@ -49,9 +49,9 @@ class Model(Draft):
                        f"{target_cfg.vocab_size}; a draft must propose tokens of the target's vocabulary.")
     if params is None:
       raise ValueError("a draft model needs its params (the `draft_params` of generate).")
-    check_params(params, self.cfg, "draft_params")
     if warning := size_warning(self.cfg, target_cfg):
       warnings.warn(warning)  # once per process: load_draft and generate both check
+    check_params(params, self.cfg, "draft_params")
 
   def start(self, params, prompt_BxP, max_len):
     return prefill(params, self.cfg, prompt_BxP, max_len_for(self.cfg, max_len))[0]
