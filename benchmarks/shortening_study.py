@@ -28,6 +28,7 @@ import pathlib
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
@@ -48,6 +49,7 @@ from hourglass_jax import memory_maps  # noqa: E402
 from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
 
 FACTOR = 4
+DRAFT_LOSS_WEIGHT = 0.3  # configs/default.py:self_draft's
 LAYERS = "2,4,2"  # blocks before, inside and after the shortened level (the runs recorded without `layers`)
 # 'whitespace' for source code: every ASCII punctuation byte cuts, a run of spaces once (near 1/4 on Python)
 WHITESPACE_CODE = dict(boundaries="whitespace", boundary_bytes=CODE_BOUNDARY_BYTES.decode(), boundary_run_bytes=" ")
@@ -62,6 +64,10 @@ MODELS = {  # each model's settings besides its hierarchy, which `hierarchy` bui
     "dynamic_whitespace_code": WHITESPACE_CODE,
     # the same cuts, each segment pooled as the mean of W_s x_t + b by position s in it (segment_pooling='linear')
     "dynamic_whitespace_code_linear": dict(WHITESPACE_CODE, segment_pooling="linear"),
+    # fixed_avg with 4 draft heads (model/draft_heads.py) reading the last layer or the shortened level's output,
+    # trained for fixed_avg's steps (the heads' FLOPs are not charged to the budget): their cost in bits per byte
+    **{f"fixed_avg_heads_{tap}": dict(shorten="avg", upsample="repeat", draft_heads=4, draft_heads_from=tap,
+                                      draft_loss_weight=DRAFT_LOSS_WEIGHT) for tap in ("last", "short")},
 }
 LN2 = math.log(2.0)
 FIRST_CAPACITY = 1.5  # the learned models' segment capacity in runs recorded before --segment_capacity
@@ -94,6 +100,8 @@ def parse_args(argv=None):
   parser.add_argument("--results", default="", help="folder of the results (default benchmarks/results)")
   parser.add_argument("--name", default="shortening_study")
   parser.add_argument("--no_plot", action="store_true")
+  parser.add_argument("--keep_workdirs", default="", metavar="DIR",
+                      help="keep each run's workdir (its checkpoint) in DIR/<model>_<budget>T_seed<seed>_<corpus>")
   args = parse_with_quick(parser, argv, QUICK)
   unknown = [m for m in args.models.split(",") if m not in MODELS]
   if unknown:
@@ -144,7 +152,9 @@ def study_config(args, model: str, budget_tflop: float, seed: int, learning_rate
   else:
     cfg.data.update(name="stdlib_text")
   cfg.data.update(train_stride=args.seq_len, eval_batches=0)
-  steps = max(2, round(budget_tflop * 1e12 / model_flops(cfg)))
+  without_heads = cfg.copy_and_resolve_references()
+  without_heads.model.update(draft_heads=0, draft_heads_from="last", draft_loss_weight=0.0)
+  steps = max(2, round(budget_tflop * 1e12 / model_flops(without_heads)))  # heads train at the model's steps
   cfg.train.update(steps=steps, seed=seed, learning_rate=learning_rate, schedule="cosine",
                    warmup_steps=max(1, steps // 20), log_every=max(1, steps // 20), eval_every=0,
                    peak_flops_per_device=0.0)
@@ -185,13 +195,14 @@ def run_key(args, corpus_id: str, model: str, budget: float, seed: int, learning
           f"{suffix}")
 
 
-def train_once(cfg) -> dict:
-  """Trains cfg in a temporary workdir: the run's summary, validation bits per byte (None if the loss diverged), sown
-  metrics and the final training loss (not every step's: the study reads only the summary).
+def train_once(cfg, keep: pathlib.Path | None = None) -> dict:
+  """Trains cfg in a temporary workdir (or `keep`, kept: its checkpoint, e.g. for benchmarks/speculative.py): the
+  run's summary, validation bits per byte (None if the loss diverged), sown metrics and the final training loss (not
+  every step's: the study reads only the summary).
   Training stopped by a signal ends the study with a message (its workdir is temporary: nothing to resume from)."""
   start = time.perf_counter()
   memory_maps.warn_if_low()
-  with tempfile.TemporaryDirectory() as workdir:
+  with tempfile.TemporaryDirectory() if keep is None else contextlib.nullcontext(str(keep)) as workdir:
     try:
       summary = train_and_evaluate(cfg, workdir, log=lambda message: None)
     except TrainError as error:  # a learning rate too high for the model: recorded, and loses the sweep
@@ -203,6 +214,13 @@ def train_once(cfg) -> dict:
   return dict(valid_bits=summary["eval"]["bits"], valid_tokens=summary["eval"]["tokens"],
               eval_metrics=summary["eval"]["metrics"], final_train_bits=summary["losses"][cfg.train.steps] / LN2,
               tokens_per_s=summary.get("tokens_per_second"), wall_s=round(time.perf_counter() - start, 1))
+
+
+def keep_dir(args, corpus_id: str, model: str, budget: float, seed: int) -> pathlib.Path | None:
+  """Where --keep_workdirs keeps a run's workdir (None: a temporary one)."""
+  if not args.keep_workdirs:
+    return None
+  return pathlib.Path(args.keep_workdirs) / f"{model}_{budget:g}T_seed{seed}_{corpus_id.split('-')[0]}"
 
 
 def recorded_runs(args, path: pathlib.Path) -> list[dict]:
@@ -356,7 +374,7 @@ def main(argv=None) -> list[dict]:
                hierarchy=cfg.model.hierarchy, segment_capacity=capacity(args, model),
                segment_read=segment_read(model), widths=args.model, layers=args.layers,
                batch=args.batch, seq_len=args.seq_len,
-               **train_once(cfg), load=loadavg())
+               **train_once(cfg, keep_dir(args, corpus["id"], model, budget, seed)), load=loadavg())
     append_result(args.name, run, out_dir)
     trained.append(run)
     print(f"  valid {score(run):.4f} bits/byte, boundary rate {boundary_rate(run)}, {run['wall_s']} s, "

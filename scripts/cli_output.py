@@ -123,6 +123,9 @@ MASKS = [
      r"in ...s (... tokens/s with the KV cache; compiled in ...s, ...)"),
     (re.compile(r"\[[\d:]+<"), "[...<"),
     (re.compile(r"^built (\S+) in [\d.]+ s$"), r"built \1 in ... s"),
+    # speculation switches between passes and plain steps on measured time, so its counts vary with the machine too
+    (re.compile(r"^(speculative decoding \(.*?\)): .*\((measured|estimated)\)$"),
+     r"\1: ... passes of ... tokens, ... plain steps; a pass costs ... plain steps (\2): ...x plain decoding (\2)"),
 ]
 PROGRESS = re.compile(r"^(train|eval \w+): +\d+%\|")  # a progress line
 SLOW_SAVE = re.compile(r"^W\d{4} .*Waiting for previous save to complete took")  # Orbax, when the disk is busy

@@ -61,12 +61,14 @@ def test_speculative_benchmark_trains_its_runs_and_times_plain_against_each_draf
   record = speculative.main(["--workdirs", str(tmp_path / "runs"), "--steps", "2", "--prose", "", "--batches", "2",
                              "--temperatures", "0", "--new_tokens", "6", "--prompt_bytes", "4", "--rounds", "1",
                              "--seq_len", "16", "--model", TINY + ",hierarchy=1@1 1@2 1@1", "--draft_model",
-                             "d_model=16", "--results", str(tmp_path)])
+                             "d_model=16", "--pass_cost_batches", "2", "--results", str(tmp_path)])
   (row,) = record["rows"]
   assert row["corpus"] == "code" and row["plain_tokens_per_s"] > 0
-  for draft in ("ngram", "model"):
+  for draft in ("self", "ngram", "model"):
     assert row[draft]["same_tokens_as_plain"] and 1 <= row[draft]["tokens_per_pass"] <= 5 and row[draft]["speedup"] > 0
-  assert "| code | 2 | 0 |" in (tmp_path / "speculative.md").read_text()
+  assert [cost["batch"] for cost in record["pass_costs"]] == [2] and record["pass_costs"][0]["pass_over_step"] > 0
+  page = (tmp_path / "speculative.md").read_text()
+  assert "| code | 2 | 0 |" in page and "| self-draft, batch 1, greedy, code: >= 2.0x | - | - |" in page
   assert (tmp_path / "runs" / "code_draft" / "checkpoints").is_dir()
 
 

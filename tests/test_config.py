@@ -17,6 +17,7 @@ from hourglass_jax.config.base import base_config
 from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import DYNAMIC_ONLY_FIELDS, config_section_fields
+from hourglass_jax.model.draft_heads import DRAFT_HEAD_FIELDS
 from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 from tests.helpers import CONFIGS, SMALL
 
@@ -116,7 +117,8 @@ def test_every_model_field_can_be_overridden_from_the_command_line(field):
            "boundaries": "whitespace", "boundary_bytes": " .", "boundary_run_bytes": " ",
            "segment_capacity": "2.0", "gumbel_temperature": "1.0",
            "boundary_loss_weight": "0.5", "segment_pooling": "linear",
-           "gumbel_evaluation": "sample"}[field]
+           "gumbel_evaluation": "sample", "draft_heads": "3", "draft_heads_from": "short",
+           "draft_loss_weight": "0.5"}[field]
   argv = ["prog", f"--config={CONFIGS / 'tiny.py'}", f"--config.model.{field}={other}"]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
@@ -126,6 +128,8 @@ def test_every_model_field_can_be_overridden_from_the_command_line(field):
     model_section.hierarchy = "3@1"
   if field in DYNAMIC_ONLY_FIELDS:  # refused on a fixed model, where they would be ignored
     model_section.update(shorten="dynamic", upsample="repeat")
+  if field in DRAFT_HEAD_FIELDS:  # heads and their loss weight go together (model/draft_heads.py)
+    model_section.update(**{"draft_heads": 2, "draft_loss_weight": 0.3, field: model_section[field]})
   parsed = getattr(ModelConfig.from_dict(model_section), field)
   assert str(parsed) == other or parsed == type(parsed)(other), (field, parsed)
 

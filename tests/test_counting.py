@@ -19,6 +19,14 @@ def test_analytic_params_equal_initialised_params(shorten, upsample, position):
     assert sum(x.size for x in jax.tree.leaves(shapes)) == counting.total_params(cfg)
 
 
+@pytest.mark.parametrize("overrides", [dict(draft_heads_from="short"), dict(kind="vanilla", hierarchy="2@1")])
+def test_analytic_params_count_the_draft_heads(overrides):
+  cfg = small_config(draft_heads=3, draft_loss_weight=0.3, **overrides)
+  shapes = jax.eval_shape(build_model(cfg).init, jax.random.key(0), jnp.zeros((1, 12), jnp.int32))
+  assert "draft_heads" in shapes["params"]
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == counting.total_params(cfg)
+
+
 MULTISCALE = [
     dict(kind="topdown", scales="4,2,1", layers_per_scale="1,0,2"),
     dict(kind="topdown", scales="8,2,1", layers_per_scale="1,1,1", downsampler="conv", upsampler="repeat"),

@@ -172,10 +172,15 @@ def test_the_recorded_output_leaves_out_only_what_depends_on_the_machine():
              "eval test: 100%|##########| 9/9 [00:01<00:00, 8.12batch/s]\n"
              "speed over 30 timed steps: 8,252 tokens/s, 23 ms/step, MFU 2.95% (vs ...)\n"
              "    \n"
-             "a sample line with trailing spaces  \n")
+             "a sample line with trailing spaces  \n"
+             "speculative decoding (ngram, 4 proposals per pass): 30 passes of 2.10 tokens, 5 plain steps (plain "
+             "decoding from pass 8, the draft back 1 time); a pass costs 1.62 plain steps (measured): 1.21x plain "
+             "decoding (measured)\n")
   assert _script().masked(printed) == [
       "compile: ... s (...)",
       "step 30: valid bits/byte 5.8670 (loss 4.0667 nats; partial: first 8 of 1,285 batches (1%))",
       "train: 100%|##########| 30/30 [...<00:00, loss 3.812, bits/byte 5.499]",
       "speed over 30 timed steps: ... tokens/s, ... ms/step, MFU ...% (vs ...)",
-      "    ", "a sample line with trailing spaces  "]
+      "    ", "a sample line with trailing spaces  ",
+      "speculative decoding (ngram, 4 proposals per pass): ... passes of ... tokens, ... plain steps; a pass costs ... "
+      "plain steps (measured): ...x plain decoding (measured)"]

@@ -37,6 +37,22 @@ def _logits(model, params):
   return np.asarray(jax.jit(model.apply)({"params": params}, tokens_BxL))
 
 
+def test_an_export_carries_the_draft_heads(tmp_path):
+  """A model with draft heads (model/draft_heads.py) exports them with the rest, its card records their settings,
+  and it loads back into a model with the same heads (what hourglass-sample --draft=self reads)."""
+  from hourglass_jax.model import build_model, decode
+  from hourglass_jax.testing import random_variables
+  from tests.helpers import small_config
+  cfg = small_config(draft_heads=2, draft_heads_from="short", draft_loss_weight=0.3)
+  params = decode.unbox_params(random_variables(build_model(cfg), jnp.zeros((1, 12), jnp.int32)))
+  card = weights.save_params(params, cfg, tmp_path / "heads")
+  assert {key: card["model"][key] for key in ("draft_heads", "draft_heads_from", "draft_loss_weight")} == dict(
+      draft_heads=2, draft_heads_from="short", draft_loss_weight=0.3)
+  model, loaded = weights.load_params(tmp_path / "heads")
+  assert model.cfg.draft_heads == 2 and model.cfg.draft_heads_from == "short"
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
 @pytest.mark.slow
 def test_export_loads_back_bit_for_bit(exported_run):
   workdir, cfg, params, exported, card = exported_run

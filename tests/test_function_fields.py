@@ -35,7 +35,7 @@ OTHER = dict(vocab_size=60, d_model=48, num_heads=2, d_ff=96, shorten="attention
              scan_unroll=0, boundaries="gumbel", boundary_bytes=" .",
              boundary_run_bytes=" \n\t.,;:!?\"'()[]{}-/", segment_capacity=0.2, gumbel_temperature=1.0,
              boundary_loss_weight=0.5, segment_pooling="linear",
-             gumbel_evaluation="sample")
+             gumbel_evaluation="sample", draft_heads=2, draft_heads_from="short", draft_loss_weight=0.5)
 OTHER_HIERARCHY = {"hourglass": "1@1 1@4 1@1", "dynamic": "1@1 1@4 1@1", "vanilla": "3@1", "topdown": "3@1",
                    "bottomup": "3@1", "retina": "2@1"}
 # Same function by design; bfloat16 only rounds.

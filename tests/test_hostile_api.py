@@ -103,7 +103,19 @@ def test_generate_refuses_what_the_cli_refuses(settings, message):
     (dict(end_token=1.5), r"end_token=1.5 must be an integer in \[0, 49\]"),
     (dict(end_token=50), r"end_token=50 must be an integer in \[0, 49\]"),
     (dict(params=None), r"params is None; pass the model's params"),
-    (dict(draft="model"), r"draft='model' is not a draft name; use one of ngram, or drafts.Model\(cfg\)"),
+    (dict(draft="model"), r"draft='model' is not a draft name; use one of ngram, self, or drafts.Model\(cfg\)"),
+    (dict(draft="self"), r"draft='self' drafts with the model's draft heads, and this model has none"),
+    (dict(draft=drafts.Model(small_config()), draft_params="abc"),
+     r"draft_params must be the model's params \(the dict `init` or weights.load_params gives\), got a str 'abc'"),
+    (dict(draft=drafts.Model(small_config()), draft_params={"embed": {"embedding": np.zeros((3, 3))}}),
+     r"draft_params do not fit the model \(hourglass 1@1 2@3 1@1, d_model 32\): body/.* missing"),
+    (dict(draft_params={}), r"draft_params are the params of a draft model; pass draft=drafts.Model"),
+    (dict(draft=3), r"draft=3 must be None, a draft name \(ngram, self\) or a drafts.Draft"),
+    (dict(draft="self", draft_params={}), r"draft='self' drafts with this model's own params; leave draft_params unset"),
+    (dict(draft="ngram", draft_tokens="4"), r"draft_tokens='4' must be an integer in \[1, 64\]"),
+    (dict(draft="ngram", draft_tokens=2.0), r"draft_tokens=2.0 must be an integer in \[1, 64\]"),
+    (dict(draft="ngram", fallback_below="1"), r"fallback_below='1' must be None or a number in \[0, draft_tokens"),
+    (dict(draft="ngram", fallback_below=True), r"fallback_below=True must be None or a number in \[0, draft_tokens"),
     (dict(draft="ngram", draft_tokens=0), r"draft_tokens=0 must be an integer in \[1, 64\]"),
     (dict(draft="ngram", draft_tokens=65), r"draft_tokens=65 must be an integer in \[1, 64\]"),
     (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be None or a number in \[0, draft_tokens \+ 1 = 5\]"),
@@ -117,6 +129,17 @@ def test_generate_names_the_argument_at_fault(settings, message):
   arguments = dict(params={}, max_new_tokens=2, rng=0) | settings
   with pytest.raises(ValueError, match=message):
     sampling.generate(arguments.pop("params"), small_config(), np.zeros((1, 1), np.int32), **arguments)
+
+
+def test_a_draft_model_and_generate_refuse_a_dict_where_a_model_config_belongs():
+  """Issue 64: a dict where a ModelConfig belongs gets one line naming the fix, not "'dict' object has no attribute
+  'vocab_size'"."""
+  with pytest.raises(ValueError, match=r"drafts.Model\(cfg=...\) takes the draft model's ModelConfig, got a dict; "
+                                       r"pass drafts.Model\(ModelConfig.from_dict\(section\)\)"):
+    drafts.Model(dict(small_config().__dict__))
+  with pytest.raises(ValueError, match=r"cfg must be the model's ModelConfig, got a dict; pass "
+                                       r"ModelConfig.from_dict\(section\)"):
+    sampling.generate({}, dict(vocab_size=50), np.zeros((1, 1), np.int32), max_new_tokens=2, rng=0)
 
 
 def test_generate_takes_numpy_integers_and_init_cache_refuses_a_cache_beyond_memory():

@@ -2,6 +2,7 @@
 reproducible for a seed, with clear errors for bad input."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -144,8 +145,8 @@ def test_sample_command_reports_bad_input_without_a_traceback(text_run):
 
 def test_speculative_sampling_gives_the_plain_samples_with_any_draft(text_run, tmp_path):
   """--draft=ngram and --draft=a workdir (here the run itself, whose proposals are always kept) give greedy decoding's
-  tokens; the run reports its tokens per pass; an export drafts as its workdir does. By default 2 samples on a CPU
-  decode plainly, and the report says so."""
+  tokens; the run reports its passes and tokens per pass; an export drafts as its workdir does. By default 2
+  samples speculate too (the fallback on measured time), and the report says what it did."""
   greedy = dict(TEXT, temperature=0.0, num_samples=2)
   plain = sample(tiny_config(), text_run, SampleOptions(**greedy), log=quiet)
   lines = []
@@ -154,18 +155,21 @@ def test_speculative_sampling_gives_the_plain_samples_with_any_draft(text_run, t
                     log=lines.append)
     np.testing.assert_array_equal(result["tokens"], plain["tokens"], err_msg=draft)
   # The run drafting for itself keeps all 3 proposals of every pass: 23 tokens after the prefill's in 6 passes.
-  assert "3.83 tokens per pass of the model, 36 proposals kept over 6 passes" in lines[-1], lines[-1]
+  assert "6 passes of 3.83 tokens, 0 plain steps" in lines[-1], lines[-1]
   export_params(text_run, tmp_path / "export", log=quiet)
   exported = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=str(tmp_path / "export"), fallback_below=0),
                     log=quiet)
   np.testing.assert_array_equal(exported["tokens"], plain["tokens"])
   default = sample(tiny_config(), text_run, SampleOptions(**greedy, draft="ngram"), log=lines.append)
   np.testing.assert_array_equal(default["tokens"], plain["tokens"])
-  assert "(ngram, 4 proposals per pass): off, plain decoding: for batches > 1 on a CPU" in lines[-1], lines[-1]
+  assert re.search(r"\(ngram, 4 proposals per pass\): [1-9][0-9,]* passes of [0-9.]+ tokens, [0-9,]+ plain steps.*"
+                   r"a pass costs [0-9.]+ plain steps \((measured|estimated)\): [0-9.]+x plain decoding", lines[-1]), \
+      lines[-1]
 
 
 @pytest.mark.parametrize("options, match", [
-    (dict(draft="nowhere"), r"--draft=nowhere is neither a draft name \(ngram\) nor an export folder"),
+    (dict(draft="nowhere"), r"--draft=nowhere is neither a draft name \(ngram, self\) nor an export folder"),
+    (dict(draft="self"), r"draft='self' drafts with the model's draft heads, and this model has none"),
     (dict(draft="ngram", draft_tokens=0), r"draft_tokens=0 must be in 1..64"),
     (dict(draft="ngram", draft_tokens=10 ** 6), r"draft_tokens=1000000 must be in 1..64"),
     (dict(draft="ngram", fallback_below=9.0), r"fallback_below=9.0 must be in \[0, draft_tokens \+ 1 = 5\]"),

@@ -6,10 +6,12 @@ import importlib.util
 import pathlib
 import warnings
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model import ModelConfig
+from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.counting import total_params
 from hourglass_jax.model.decode import drafts
 from hourglass_jax.model.decode.drafts.model import MAX_FRACTION, size_warning
@@ -48,6 +50,11 @@ def test_configs_default_draft_is_the_measured_one():
   assert (model.d_model, model.num_heads, model.d_ff) == (64, 2, 256)
 
 
+def _param_shapes(cfg):
+  """The shapes of cfg's params (all a draft's check reads of them), computed without any arithmetic."""
+  return jax.eval_shape(build_model(cfg).init, jax.random.key(0), jnp.zeros((1, cfg.pad_multiple), jnp.int32))
+
+
 def test_a_large_draft_and_the_target_itself_are_warned_about_in_one_line():
   target = ModelConfig.from_dict(load_config("default").model)
   large = ModelConfig(kind="vanilla", hierarchy="2@1", d_model=128, num_heads=4, d_ff=512)
@@ -58,10 +65,11 @@ def test_a_large_draft_and_the_target_itself_are_warned_about_in_one_line():
   assert size_warning(target, target).startswith("the draft model is the target model itself")
   for draft_cfg in (large, target):  # what generate() and hourglass-sample check the draft with
     with pytest.warns(UserWarning, match="the draft model"):
-      drafts.Model(draft_cfg).check(target, params={})
+      drafts.Model(draft_cfg).check(target, params=_param_shapes(draft_cfg))
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    drafts.Model(ModelConfig.from_dict(load_config("draft").model)).check(target, params={})
+    small = ModelConfig.from_dict(load_config("draft").model)
+    drafts.Model(small).check(target, params=_param_shapes(small))
 
 
 def _sized(argument: str):

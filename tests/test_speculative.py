@@ -1,10 +1,12 @@
-"""Speculative decoding: greedy output equals plain greedy decoding for every model kind and draft, samples follow
-the target's distribution exactly (a chi-square test against the exact next-token distributions), rows accept
-different counts, end tokens and the fallback to plain decoding behave, a draft equal to the target keeps every
+"""Speculative decoding: greedy output equals plain greedy decoding for every model kind and draft (the model's own
+draft heads included), samples follow the target's distribution exactly (a chi-square test against the exact
+next-token distributions, for each kind of draft), rows accept different counts in one batched pass, end tokens and
+the fallback to plain decoding (on a threshold, and on measured time) behave, a draft equal to the target keeps every
 proposal. The extension it verifies with is checked against the forward pass in test_decode.py."""
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +15,10 @@ import pytest
 from scipy import stats
 
 from hourglass_jax.model import build_model, decode
-from hourglass_jax.model.decode import drafts, sampling
+from hourglass_jax.model.decode import drafts, fallback, sampling
 from hourglass_jax.model.decode.drafts.ngram import continuation
 from hourglass_jax.model.decode.filters import filter_logits
+from hourglass_jax.testing import random_variables
 from tests.helpers import small_config
 from tests.test_decode import (BOTTOMUP, DYNAMIC_GEN, GEN_CFG, LENGTH, MULTI_LEVEL, NESTED_CASES, RETINA, TOKENS,
                                TOPDOWN, VOCAB, model_and_params, multiscale_config)
@@ -62,6 +65,45 @@ def test_greedy_speculation_gives_plain_greedy_tokens_for_every_kind(kind):
   np.testing.assert_array_equal(tokens, plain)
   kept_B = np.asarray(spec.kept_B)
   assert len(set(kept_B.tolist())) > 1 and 0 < kept_B.min() and kept_B.max() < 3 * int(spec.passes)
+  if kind in SELF_KINDS:  # the model drafting for itself, its heads reading the last layer
+    heads_cfg, heads_params = with_heads(cfg, "last", identity=True)
+    np.testing.assert_array_equal(greedy(heads_cfg, heads_params, draft="self", draft_tokens=3), plain)
+
+
+# Kinds whose self-draft is checked above besides the hourglass below ('short') and vanilla (sampling): each is one
+# more compiled program, so the kinds whose passes differ most (a dynamic level's per-row centre, retina's windows).
+SELF_KINDS = ("dynamic", "retina")
+
+
+def with_heads(cfg, tap: str, identity: bool = False):
+  """(cfg with 3 draft heads reading `tap`, its params: cfg's own and drawn heads), so that the model's logits are
+  cfg's and its plain programs are reused; `identity`: W2 = b2 = 0, each head starting as the next-token head of
+  its input (proposals that the model sometimes keeps and sometimes rejects)."""
+  _, params = model_and_params(cfg)
+  heads_cfg = dataclasses.replace(cfg, draft_heads=3, draft_heads_from=tap, draft_loss_weight=0.3)
+  heads = decode.unbox_params(random_variables(build_model(heads_cfg), TOKENS[:1], seed=5))["draft_heads"]
+  if identity:
+    heads = dict(heads, w2=jnp.zeros_like(heads["w2"]), b2=jnp.zeros_like(heads["b2"]))
+  return heads_cfg, dict(params, draft_heads=heads)
+
+
+def test_the_self_draft_keeps_only_right_proposals_and_gives_plain_greedy_tokens():
+  """draft='self' on an hourglass whose heads read the shortened level: the plain greedy tokens, with every row
+  keeping some proposals and rejecting others (a proposal accepted wrongly changes the tokens). Too many proposals
+  for the heads, or a model without heads, is refused before anything compiles."""
+  base = KINDS["hourglass"]
+  cfg, params = with_heads(base, "short", identity=True)
+  plain = greedy(base, model_and_params(base)[1])  # the same logits: the plain program of the tests above
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # the draft model's size warning is not for the model drafting for itself
+    tokens, spec = greedy(cfg, params, draft="self", draft_tokens=3, return_stats=True)
+  np.testing.assert_array_equal(tokens, plain)
+  kept_B, passes = np.asarray(spec.kept_B), int(spec.passes)
+  assert (kept_B > 0).all() and (kept_B < 3 * passes).all() and kept_B.min() < kept_B.max()
+  with pytest.raises(ValueError, match="draft_tokens <= 3"):
+    greedy(cfg, params, draft="self", draft_tokens=4)
+  with pytest.raises(ValueError, match="has none"):
+    greedy(base, model_and_params(base)[1], draft="self")
 
 
 @functools.cache
@@ -86,35 +128,60 @@ def test_a_draft_model_gives_plain_greedy_tokens_and_the_target_as_draft_keeps_e
   assert int(spec.passes) == 3 and (np.asarray(spec.kept_B) == 6).all()
 
 
-def test_end_tokens_and_the_fallback_to_plain_decoding_keep_the_plain_tokens():
+def test_end_tokens_keep_the_plain_tokens():
   cfg = KINDS["hourglass"]
   _, params = model_and_params(cfg)
-  plain = np.asarray(greedy(cfg, params))
-  end = int(plain[0, 2])
+  end = int(np.asarray(greedy(cfg, params))[0, 2])
   with_end = greedy(cfg, params, end_token=end)
   np.testing.assert_array_equal(greedy(cfg, params, end_token=end, draft="ngram", draft_tokens=3), with_end)
-  # Asking for more tokens per pass than a pass can give: plain decoding after the warm-up passes.
-  tokens, spec = greedy(cfg, params, draft="ngram", draft_tokens=3, fallback_below=4.0, return_stats=True)
-  np.testing.assert_array_equal(tokens, plain)
-  assert int(spec.fell_back_at) == sampling.FALLBACK_WARMUP or int(spec.passes) < sampling.FALLBACK_WARMUP
 
 
-def test_by_default_a_batch_of_one_speculates_and_larger_batches_on_a_cpu_decode_plainly():
-  """generate's default fallback_below: speculation at batch 1; for batches > 1 on a CPU, where a pass costs more
-  plain steps than it can give tokens, plain decoding from the start, which the stats say (no pass, fell back at 0)."""
-  cfg = KINDS["hourglass"]
+LONG = 66  # new tokens: 8 passes of at most 4 tokens, RECHECK plain steps, and more to go
+
+
+def test_below_the_threshold_it_decodes_plainly_then_tries_the_draft_again_and_keeps_the_plain_tokens():
+  """fallback_below=4 at K=3 (4 tokens per pass only when every proposal is kept): plain decoding after the first
+  window of passes, the draft back after RECHECK plain steps; the same program as fallback_below=0 (the threshold is
+  an argument), and the same tokens."""
+  cfg = VANILLA
   _, params = model_and_params(cfg)
-  plain = np.asarray(greedy(cfg, params))
-  tokens, spec = greedy(cfg, params, draft="ngram", fallback_below=None, return_stats=True)
-  np.testing.assert_array_equal(tokens, plain)
-  off = jax.default_backend() == "cpu"
-  assert sampling.speculation_pays(len(plain)) is not off and sampling.speculation_pays(1)
-  assert (int(spec.passes) == 0 and int(spec.fell_back_at) == 0) is off and spec.tokens_per_pass >= 1
-  np.testing.assert_array_equal(spec.generated_B, LENGTH - PROMPT)
-  one, spec = sampling.generate(params, cfg, TOKENS[:1, :PROMPT], max_new_tokens=LENGTH - PROMPT, rng=0,
-                                temperature=0.0, draft="ngram", return_stats=True)
-  np.testing.assert_array_equal(one, plain[:1])
-  assert 0 < int(spec.passes) < LENGTH - PROMPT
+  run = lambda below: sampling.generate(params, cfg, TOKENS[:, :PROMPT], max_new_tokens=LONG, rng=0, temperature=0.0,
+                                        draft="ngram", draft_tokens=3, fallback_below=below, return_stats=True)
+  always, spec = run(0)
+  assert int(spec.steps) == 0 and int(spec.fell_back_at) == -1 and int(spec.passes) > fallback.WINDOW
+  tokens, spec = run(4.0)
+  np.testing.assert_array_equal(tokens, always)
+  assert int(spec.fell_back_at) == fallback.WINDOW and int(spec.returns) >= 1
+  assert int(spec.steps) >= fallback.RECHECK and int(spec.passes) > fallback.WINDOW
+  assert 1 <= spec.tokens_per_pass < 4  # over the passes alone, not the plain steps
+
+
+def test_by_default_it_speculates_on_measured_time_and_keeps_the_plain_tokens():
+  """fallback_below None: timed windows of passes and of plain steps (fallback.measured), whichever is faster going
+  on; the tokens are those of speculation throughout, and the stats carry the measured pass cost."""
+  cfg = VANILLA
+  _, params = model_and_params(cfg)
+  always, _ = sampling.generate(params, cfg, TOKENS[:, :PROMPT], max_new_tokens=LONG, rng=0, temperature=0.0,
+                                draft="ngram", draft_tokens=3, fallback_below=0, return_stats=True)
+  tokens, spec = sampling.generate(params, cfg, TOKENS[:, :PROMPT], max_new_tokens=LONG, rng=0, temperature=0.0,
+                                   draft="ngram", draft_tokens=3, return_stats=True)
+  np.testing.assert_array_equal(tokens, always)
+  assert spec.measured and spec.pass_cost > 0 and spec.seconds_per_step > 0
+  assert int(spec.passes) >= fallback.WINDOW and int(spec.steps) >= 1 and int(spec.fell_back_at) == fallback.WINDOW
+  line = spec.describe("ngram", 3)
+  assert f"{int(spec.passes):,} passes of {spec.tokens_per_pass:.2f} tokens" in line and "(measured)" in line
+
+
+def test_the_estimated_pass_cost_follows_the_backend_table():
+  """The estimate used under an outer jit: the table's pass cost (K = 4) at its batches, interpolated in log(batch)
+  between them, held beyond them, its part above one step scaled by K / 4."""
+  table = fallback.PASS_COSTS["cpu"]
+  for batch, cost in table.items():
+    assert fallback.pass_cost(batch, 4, "cpu") == pytest.approx(cost)
+  assert fallback.pass_cost(4, 4, "cpu") == pytest.approx((table[1] + table[16]) / 2)  # halfway in log(batch)
+  assert fallback.pass_cost(10 ** 4, 4, "cpu") == pytest.approx(table[128])
+  assert fallback.pass_cost(16, 2, "cpu") - 1 == pytest.approx((table[16] - 1) / 2)
+  assert fallback.pass_cost(16, 4, "tpu") == fallback.pass_cost(16, 4, "gpu")  # TPUs are taken as GPUs
 
 
 def test_the_ngram_draft_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
@@ -158,6 +225,7 @@ def chi_square_p(counts, expected_probs):
 @pytest.mark.parametrize("draft_name, filters", [
     ("ngram", dict(temperature=0.6)),
     ("model", dict(temperature=0.8, top_k=20, top_p=0.9)),
+    ("self", dict(temperature=0.9, top_k=30)),
 ])
 def test_speculative_samples_follow_the_target_distribution(draft_name, filters):
   """4000 rows of one prompt, 3 new tokens, the 2nd and 3rd from one speculative pass: a chi-square test of the
@@ -167,13 +235,14 @@ def test_speculative_samples_follow_the_target_distribution(draft_name, filters)
   fails it."""
   cfg = VANILLA
   _, params = model_and_params(cfg)
-  draft, draft_params = (draft_name, None) if draft_name == "ngram" else draft_of(cfg)
+  draft, draft_params = (draft_name, None) if draft_name != "model" else draft_of(cfg)
+  heads_cfg, heads_params = with_heads(cfg, "last") if draft_name == "self" else (cfg, params)
   sample = lambda seed: np.asarray(sampling.generate(
-      params, cfg, np.tile(PATTERN, (ROWS, 1)), max_new_tokens=3, rng=seed, draft=draft, draft_params=draft_params,
-      draft_tokens=2, fallback_below=0, **filters))
+      heads_params, heads_cfg, np.tile(PATTERN, (ROWS, 1)), max_new_tokens=3, rng=seed, draft=draft,
+      draft_params=draft_params, draft_tokens=2, fallback_below=0, **filters))
   tokens = sample(11)
   np.testing.assert_array_equal(tokens, sample(11))  # a fixed seed gives a fixed sample
-  first_V, second_VxV, third_V = exact_distributions(cfg, params, filters)
+  first_V, second_VxV, third_V = exact_distributions(cfg, params, filters)  # the heads change no logit
   checks = [(f"token 2 after {t}", tokens[tokens[:, 0] == t, 1], second_VxV[t]) for t in np.argsort(-first_V)[:3]]
   for what, drawn, exact in checks + [("token 3", tokens[:, 2], third_V)]:
     counts = np.bincount(drawn, minlength=VOCAB)

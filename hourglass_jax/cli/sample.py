@@ -29,9 +29,9 @@ class SampleOptions:
   scratch); max_new_tokens None: as many as fit in max_len, at most 256 (text), the rest of the image (images);
   max_len: the longest context to decode, None = data.seq_len (the trained one); end_byte: stop a text sample
   after this byte (None = never); output: the PNG path for images (None = WORKDIR/samples/images_stepN.png);
-  draft: speculative decoding's draft, 'ngram' or the workdir or export of a smaller model with the same
-  vocabulary (None = plain decoding), proposing draft_tokens tokens per pass; fallback_below: sampling.generate's
-  (None: its default, plain decoding from the start where speculation cannot pay)."""
+  draft: speculative decoding's draft, 'ngram', 'self' (the model's draft heads) or the workdir or export of a
+  smaller model with the same vocabulary (None = plain decoding), proposing draft_tokens tokens per pass;
+  fallback_below: sampling.generate's (None: its default, speculation while it is measured faster)."""
   prompt: bytes = b""
   num_samples: int = 4
   max_new_tokens: int | None = None
@@ -101,7 +101,9 @@ def load_draft(spec: str | None, target: ModelConfig, log=print):
   if spec is None:
     return None, None
   if spec in drafts.DRAFTS and spec != "model":
-    return drafts.DRAFTS[spec](), None
+    draft = drafts.DRAFTS[spec]()
+    draft.check(target, None)
+    return draft, None
   folder = paths.as_path(spec)
   if (folder / weights.CARD_FILE).exists() or spec.endswith(".safetensors"):
     model, params = weights.load_params(spec)
@@ -259,16 +261,8 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
 
 
 def speculation_line(stats, options: SampleOptions) -> str:
-  """What speculative decoding did, in one line."""
-  head = f"speculative decoding ({options.draft}, {options.draft_tokens} proposals per pass)"
-  fell, passes = int(stats.fell_back_at), int(stats.passes)
-  if fell == 0 and passes == 0:
-    return (f"{head}: off, plain decoding: for batches > 1 on a CPU a pass of the model costs more plain steps "
-            "than it can give tokens (docs/generation.md; --fallback_below=0 speculates anyway)")
-  below = sampling.FALLBACK_BELOW if options.fallback_below is None else options.fallback_below
-  end = f"; below {below:g} tokens per pass, it fell back to plain decoding after {fell} passes" if fell >= 0 else ""
-  return (f"{head}: {stats.tokens_per_pass:.2f} tokens per pass of the model, {int(stats.kept_B.sum()):,} proposals "
-          f"kept over {passes:,} passes{end}")
+  """What speculative decoding did, in one line (speculative.Stats.describe)."""
+  return stats.describe(options.draft, options.draft_tokens)
 
 
 def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log) -> dict:

@@ -22,14 +22,14 @@ _MAX_LEN = flags.DEFINE_integer("max_len", None, "Longest context to decode (def
                                 "length).")
 _OUTPUT = flags.DEFINE_string("output", None, "Images: PNG path (default WORKDIR/samples/images_stepN.png).")
 _DRAFT = flags.DEFINE_string("draft", None, "Speculative decoding (greedy: the same tokens; at temperature > 0 the "
-                             "same distribution, not the samples this --seed gives without it; faster at batch 1 where "
-                             "the draft is often right, docs/generation.md): 'ngram' (proposals looked up in the "
-                             "prompt and the text so far) or the workdir or export folder of a smaller model with the "
-                             "same vocabulary.")
+                             "same distribution, not the samples this --seed gives without it; faster where the draft "
+                             "is often right, docs/generation.md): 'self' (the model's own draft heads, "
+                             "model.draft_heads), 'ngram' (proposals looked up in the prompt and the text so far) or "
+                             "the workdir or export folder of a smaller model with the same vocabulary.")
 _DRAFT_TOKENS = flags.DEFINE_integer("draft_tokens", 4, "Speculative decoding: tokens the draft proposes per pass.")
-_FALLBACK_BELOW = flags.DEFINE_float("fallback_below", None, "Speculative decoding: tokens per pass under which the "
-                                     "rest is plain decoding (0 = never; default 1.6, what a batch-1 pass costs in "
-                                     "plain steps on a CPU, and plain decoding for batches > 1 on a CPU).")
+_FALLBACK_BELOW = flags.DEFINE_float("fallback_below", None, "Speculative decoding: tokens per pass under which it "
+                                     "decodes plainly for a while, then tries the draft again (0 = never; default: "
+                                     "speculate while it is measured faster than plain decoding).")
 
 
 def _log(message: str) -> None:

@@ -3,6 +3,7 @@
 import dataclasses
 from typing import Any, Mapping
 
+from hourglass_jax.model.draft_heads import DraftHeadSettings, check_draft_head_settings
 from hourglass_jax.model.hourglass.body import HourglassSettings
 from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIND, LAYER_FIELDS, POSITIONS,
@@ -23,13 +24,15 @@ __all__ = ["ATTENTION_IMPLS", "DOWNSAMPLERS", "DTYPES", "POSITIONS", "REMAT_POLI
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabSettings, BlockSettings):
+class ModelConfig(DraftHeadSettings, DynamicSettings, MultiScaleSettings, HourglassSettings, VocabSettings,
+                  BlockSettings):
   """Everything a model module needs. Build from a ConfigDict with `ModelConfig.from_dict(cfg.model)`.
 
   Every field but `kind` is declared once in the settings class of the modules that read it: the block settings
   (d_model, num_heads, ..., `BlockSettings`, layer_config.py), `vocab_size` (`VocabSettings`), the Hourglass body's
-  (`HourglassSettings`, hourglass/body.py), the multi-scale fields (`MultiScaleSettings`, multiscale/scales.py)
-  and, for shorten='dynamic', the dynamic level's and its predictors' (`DynamicSettings`, hourglass/dynamic/).
+  (`HourglassSettings`, hourglass/body.py), the multi-scale fields (`MultiScaleSettings`, multiscale/scales.py),
+  for shorten='dynamic' the dynamic level's and its predictors' (`DynamicSettings`, hourglass/dynamic/), and the
+  multi-byte draft heads' (`DraftHeadSettings`, draft_heads.py).
   hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
   as '12@1'; topdown and bottomup from `layers_per_scale`. The defaults describe the papers' models (configs/enwik8.py,
   '64,16,4,1'); the `hourglass_jax.nn` modules override some with small bodies to build on ('2@1 4@3 2@1', '16,4,1')
@@ -62,6 +65,7 @@ class ModelConfig(DynamicSettings, MultiScaleSettings, HourglassSettings, VocabS
       check_dynamic_settings(self, "model.")  # with every level's predictor (`level_predictors`)
     else:
       _check_no_dynamic_settings(self)
+    check_draft_head_settings(self, "model.")
 
   @property
   def dynamic(self) -> bool:

@@ -170,8 +170,12 @@ def count(cfg: ModelConfig, seq_len: int) -> list[Part]:
   """Per-part parameter and forward-FLOP counts for one sequence of `seq_len` tokens (padded as the model pads)."""
   d, vocab = cfg.d_model, cfg.vocab_size
   length = -(-seq_len // cfg.pad_multiple) * cfg.pad_multiple
-  return ([Part("embed", 1, length, 0, vocab * d, 0)] + _BODY_PARTS[cfg.kind](cfg, length)
-          + [Part("head", 1, length, 0, d * vocab + vocab, 2 * length * d * vocab)])
+  parts = ([Part("embed", 1, length, 0, vocab * d, 0)] + _BODY_PARTS[cfg.kind](cfg, length)
+           + [Part("head", 1, length, 0, d * vocab + vocab, 2 * length * d * vocab)])
+  if cfg.draft_heads:  # in training and evaluation: two d x d matmuls and the output layer per head
+    m = cfg.draft_heads
+    parts.append(Part("draft_heads", 1, length, 0, m * (2 * d * d + 6 * d), 2 * length * m * (2 * d * d + d * vocab)))
+  return parts
 
 
 def total_params(cfg: ModelConfig) -> int:

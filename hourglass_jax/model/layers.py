@@ -193,9 +193,9 @@ class DecoderBlock(nn.Module):
       h_BxLxD = attention(h_BxLxD, h_BxLxD, positions, positions, causal_mask(length), deterministic)
       return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic)
     entries_S = jnp.arange(kv_cache.size(kv))  # entry m of the stream sits at position m * factor
-    cache = KVCache(kv, index_T[0], entries_S * self.factor, self.factor, kv_cache.size(kv), layer)
-    positions_T = index_T * self.factor
-    mask_TxS = entries_S[None, :] <= index_T[:, None]
+    cache = KVCache(kv, index_T[..., 0], entries_S * self.factor, self.factor, kv_cache.size(kv), layer)
+    positions_T = index_T * self.factor  # index_T [T], or [B, T]: rows at their own entries
+    mask_TxS = entries_S <= index_T[..., None]
     h_BxLxD, kv = attention(h_BxLxD, h_BxLxD, positions_T, positions_T, mask_TxS, deterministic, cache)
     return feed_forward_residual(cfg, x_BxLxD, h_BxLxD, deterministic), kv
 

@@ -5,12 +5,13 @@ import numpy as np
 
 
 def apply_rope(x_BxTxNxH, positions_T, base: float = 10_000.0):
-  """Rotates channel pairs (first half, second half) of every head by angle position * base^(-2i/H)."""
+  """Rotates channel pairs (first half, second half) of every head by angle position * base^(-2i/H); positions [T],
+  or [B, T] per row."""
   half = x_BxTxNxH.shape[-1] // 2
   inv_freq_F = base ** (-np.arange(half, dtype=np.float32) / half)
-  angle_TxF = jnp.asarray(positions_T, jnp.float32)[:, None] * inv_freq_F[None, :]
+  angle_TxF = jnp.asarray(positions_T, jnp.float32)[..., None] * inv_freq_F  # or [B, T, F]: rows' own positions
   # Angles in float32 (positions reach thousands); the rotation itself in x's dtype, as the matmuls around it.
-  sin, cos = (f(angle_TxF).astype(x_BxTxNxH.dtype)[None, :, None, :] for f in (jnp.sin, jnp.cos))
+  sin, cos = (f(angle_TxF).astype(x_BxTxNxH.dtype)[..., None, :] for f in (jnp.sin, jnp.cos))
   x1, x2 = jnp.split(x_BxTxNxH, 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 

@@ -1,5 +1,5 @@
-"""Sampling filters: pure temperature / top-k / top-p (nucleus) filters and draws, shared by `generate` (sampling.py)
-and speculative decoding (speculative.py)."""
+"""Sampling filters: pure temperature / top-k / top-p (nucleus) filters and draws, shared by plain and speculative
+decoding (loop.py) and the drafts that sample (drafts/)."""
 
 import math
 import numbers

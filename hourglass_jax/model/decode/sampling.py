@@ -1,65 +1,22 @@
-"""`generate`: sampling with the cache, one jit-compiled decode loop, plain or speculative (speculative.py); the
-filters (temperature, top-k, top-p) are in filters.py."""
+"""`generate`: sampling with the cache through the one decode loop (loop.py), plain or speculative; the arguments
+are checked here, once, into a `Sampling` (options.py); the filters are in filters.py."""
 
+import dataclasses
 import functools
 import numbers
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from hourglass_jax.model.checks import check_tokens
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.model.decode import speculative
+from hourglass_jax.model.decode import fallback, loop
 from hourglass_jax.model.decode.drafts import DRAFTS, Draft
-from hourglass_jax.model.decode.filters import check_sampling, sample_logits
-from hourglass_jax.model.decode.steps import check_cache_fits, decode_step, max_len_for, prefill, unbox_params
+from hourglass_jax.model.decode.options import MAX_DRAFT_TOKENS, MAX_TOKENS, Sampling, count
+from hourglass_jax.model.decode.steps import check_cache_fits, check_params, unbox_params
 
-MAX_DRAFT_TOKENS = 64  # proposals per pass: beyond a few dozen bytes almost none are kept
-# What a pass of the model costs in plain steps, measured on 2 CPU cores (BENCHMARKS.md, speculative decoding): 1.6
-# to 2.0 at batch 1, 6 to 8.6 at batch 16, where a CPU step is bound by arithmetic and a pass does K + 1 tokens of it
-# per row. Speculation stops below FALLBACK_BELOW tokens per pass, the cheapest batch-1 pass; where a pass costs
-# less (a GPU at batch 1, bound by reading the weights), pass a lower fallback_below.
-FALLBACK_BELOW = 1.6
-FALLBACK_WARMUP = 8  # passes before that is judged
-
-
-def speculation_pays(batch: int) -> bool:
-  """Whether speculation can beat plain decoding by default: not for batches > 1 on a CPU, where a pass costs more
-  plain steps than the K + 1 tokens it can give."""
-  return batch == 1 or jax.default_backend() != "cpu"
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "top_p"))
-def _generate(params, prompt_BxP, rng, end_token, cfg, max_new_tokens, temperature, top_k, top_p):
-  """`end_token` < 0: no end token. Traced, so stopping rules share one compiled program."""
-  batch, length = prompt_BxP.shape
-  cache, logits_BxV = prefill(params, cfg, prompt_BxP, max_len_for(cfg, length + max_new_tokens - 1))
-  tables = cache["tables"]
-  sample = lambda key, logits: sample_logits(key, logits, temperature=temperature, top_k=top_k, top_p=top_p)
-  fill = jnp.maximum(end_token, 0)
-  rng, key = jax.random.split(rng)
-  token_B = sample(key, logits_BxV)
-  out_BxN = jnp.full((batch, max_new_tokens), fill, jnp.int32).at[:, 0].set(token_B)
-
-  def running(carry):
-    _, step, done_B, _, _ = carry
-    return (step < max_new_tokens) & ~jnp.all(done_B)
-
-  def body(carry):
-    state, step, done_B, out_BxN, rng = carry
-    cache, logits_BxV = decode_step(params, cfg, {"state": state, "tables": tables}, out_BxN[:, step - 1],
-                                    length + step - 1)
-    rng, key = jax.random.split(rng)
-    token_B = jnp.where(done_B, fill, sample(key, logits_BxV))
-    return cache["state"], step + 1, done_B | (token_B == end_token), out_BxN.at[:, step].set(token_B), rng
-
-  carry = (cache["state"], jnp.int32(1), token_B == end_token, out_BxN, rng)
-  out_BxN = lax.while_loop(running, body, carry)[3]
-  # Only an outer jit lets such a prompt through (concrete ones are checked on the host): its row's logits were NaN.
-  bad_Bx1 = jnp.any((prompt_BxP < 0) | (prompt_BxP >= cfg.vocab_size), axis=1, keepdims=True)
-  return jnp.where(bad_Bx1, -1, out_BxN)
+__all__ = ["MAX_DRAFT_TOKENS", "Programs", "Sampling", "draft_for", "generate"]
 
 
 def _seed_key(rng):
@@ -71,25 +28,93 @@ def _seed_key(rng):
   raise ValueError(f"rng={rng!r} must be a PRNG key (e.g. jax.random.key(0)) or an integer seed in [0, 2**63).")
 
 
-def _count(name: str, value, low: int, high: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
-    raise ValueError(f"{name}={value!r} must be an integer in [{low}, {high}].")
-  return int(value)
-
-
-def _draft(draft, draft_params, cfg: ModelConfig) -> Draft | None:
-  """The Draft that `draft` names (None, a registered name such as 'ngram', or a Draft), checked against cfg."""
+def draft_for(draft, draft_params, cfg: ModelConfig, draft_tokens: int):
+  """(the Draft that `draft` names, set up for `cfg`; the params it reads: `draft_params`, the target's own for a
+  draft that reads the target) for None, a registered name ('ngram', 'self') or a Draft; ValueError naming the fix."""
   if draft is None:
+    if draft_params is not None:
+      raise ValueError("draft_params are the params of a draft model; pass draft=drafts.Model(draft_cfg) with them.")
     return None
+  names = ", ".join(name for name in DRAFTS if name != "model")
   if isinstance(draft, str):
     if draft not in DRAFTS or draft == "model":
-      raise ValueError(f"draft={draft!r} is not a draft name; use one of {', '.join(n for n in DRAFTS if n != 'model')}"
-                       ", or drafts.Model(cfg) with draft_params for a draft model.")
+      raise ValueError(f"draft={draft!r} is not a draft name; use one of {names}, or drafts.Model(cfg) with "
+                       "draft_params for a draft model.")
     draft = DRAFTS[draft]()
   if not isinstance(draft, Draft):
-    raise ValueError(f"draft={draft!r} must be None, a draft name ('ngram') or a drafts.Draft (drafts.Model(cfg)).")
+    raise ValueError(f"draft={draft!r} must be None, a draft name ({names}) or a drafts.Draft "
+                     "(drafts.Model(cfg) for a draft model).")
+  if draft.reads_target and draft_params is not None:
+    raise ValueError(f"draft={draft.name!r} drafts with this model's own params; leave draft_params unset.")
   draft.check(cfg, draft_params)
-  return draft
+  return draft.for_target(cfg, draft_tokens), draft_params
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "options", "pass_cost"))
+def _whole(params, draft_params, prompt_BxP, rng, end_token, threshold, cfg, options, pass_cost):
+  """The whole generation as one program: the loop to the end, the fallback rule on `threshold` tokens per pass."""
+  state = loop.start(params, draft_params, prompt_BxP, rng, end_token, cfg, options)
+  state = loop.advance(params, draft_params, state, end_token, threshold, loop.UNLIMITED, cfg, options)
+  return loop.finish(state, prompt_BxP, end_token, cfg, options, pass_cost)
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """The loop's pieces for a generation in timed windows (fallback.measured): `compile` makes `start`, `advance`
+  (the state donated; it also returns `loop.progress`) and `finish` for one shape of arguments, ahead of time so
+  that no window's timing includes a compile; `run` generates with them. `in_shardings` of (params, draft_params,
+  prompt, rng) and `out_sharding` of finish's outputs where the params are sharded (generation.py), else None."""
+  cfg: ModelConfig
+  options: Sampling
+  in_shardings: tuple | None = None
+  out_sharding: object = None
+
+  def compile(self, params, draft_params, prompt_BxP, rng, end_token, compiler_options=None) -> dict:
+    cfg, options = self.cfg, self.options
+    shardings = {} if self.in_shardings is None else dict(in_shardings=self.in_shardings + (None,))
+
+    def start(params, draft_params, prompt_BxP, rng, end_token):
+      state = loop.start(params, draft_params, prompt_BxP, rng, end_token, cfg, options)
+      return state, loop.progress(state)
+
+    start = jax.jit(start, **shardings).lower(params, draft_params, prompt_BxP, rng, end_token).compile(
+        compiler_options)
+
+    def advance(params, draft_params, state, end_token, threshold, iterations):
+      state = loop.advance(params, draft_params, state, end_token, threshold, iterations, cfg, options)
+      return state, loop.progress(state)
+
+    same = jax.tree.map(lambda info: info.sharding, start.out_info)  # so that each window feeds the next
+    advance = jax.jit(advance, donate_argnums=(2,), out_shardings=same).lower(
+        params, draft_params, start.out_info[0], end_token, jnp.float32(0), jnp.int32(0)).compile(compiler_options)
+    out = {} if self.out_sharding is None else dict(out_shardings=self.out_sharding)
+    finish = jax.jit(functools.partial(loop.finish, cfg=cfg, options=options), **out).lower(
+        advance.out_info[0], prompt_BxP, end_token).compile(compiler_options)
+    return dict(start=start, advance=advance, finish=finish)
+
+  def run(self, compiled: dict, params, draft_params, prompt_BxP, rng, end_token, to_host=jax.device_get):
+    """(tokens, Stats with the measured pass cost) of the generation in timed windows; `to_host` reads the
+    loop's progress (sharding.to_host on a mesh)."""
+    read = lambda counts: tuple(value.item() for value in to_host(counts))
+    state, counts = compiled["start"](params, draft_params, prompt_BxP, rng, end_token)
+    now = {"progress": read(counts)}
+
+    def advance(state, speculating, iterations):
+      state = dataclasses.replace(state, speculating=jnp.asarray(speculating))
+      state, counts = compiled["advance"](params, draft_params, state, end_token, jnp.float32(0),
+                                          jnp.int32(iterations))
+      now["progress"] = read(counts)
+      return state
+
+    state, clock, to_plain, to_draft = fallback.measured(advance, state, lambda state: now["progress"])
+    tokens, stats = compiled["finish"](state, prompt_BxP, end_token)
+    cost = clock.measured_pass_cost
+    estimate = fallback.pass_cost(prompt_BxP.shape[0], self.options.proposals)
+    # The iterations before the first switch to plain decoding are all passes.
+    return tokens, dataclasses.replace(
+        stats, fell_back_at=jnp.int32(to_plain[0] if to_plain else -1), returns=jnp.int32(len(to_draft)),
+        pass_cost=estimate if cost is None else cost, measured=cost is not None,
+        seconds_per_step=clock.seconds_per_step)
 
 
 def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, temperature: float = 1.0,
@@ -97,54 +122,66 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
              draft_tokens: int = 4, fallback_below: float | None = None, return_stats: bool = False):
   """Samples `max_new_tokens` tokens after each prompt row with the cache; returns them, int32 [B, max_new_tokens].
 
-  One jit-compiled program: a parallel prefill, then a lax.while_loop that stops once every row has produced
-  `end_token` (later entries of a finished row are `end_token`) or after `max_new_tokens`. The cache holds
-  `decode.max_len_for(cfg, P + max_new_tokens - 1)` positions (plus draft_tokens + 1 when speculating).
-  temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; a temperature that is negative or not finite,
-  a negative top_k or a top_p outside (0, 1] raises ValueError (`check_sampling`). `rng` is a PRNG key or an integer
-  seed; the prompt needs >= 1 token (no BOS convention). A prompt id outside [0, vocab) raises ValueError; when the
-  prompt is traced (generate under your own jit), that row comes back as -1 everywhere.
+  The decode loop (loop.py): a parallel prefill, then steps until every row has produced `end_token` (later
+  entries of a finished row are `end_token`) or `max_new_tokens`. The cache holds `decode.max_len_for(cfg,
+  P + max_new_tokens - 1)` positions (plus draft_tokens when speculating). temperature 0 is greedy; top_k 0 and
+  top_p 1 disable those filters; a temperature that is negative or not finite, a negative top_k or a top_p outside
+  (0, 1] raises ValueError (`Sampling`). `rng` is a PRNG key or an integer seed; the prompt needs >= 1 token (no BOS
+  convention). A prompt id outside [0, vocab) raises ValueError; when the prompt is traced (generate under your own
+  jit), that row comes back as -1 everywhere.
 
-  Speculative decoding (speculative.py): `draft` 'ngram' (prompt lookup) or `drafts.Model(draft_cfg)` with its
-  `draft_params` proposes `draft_tokens` tokens per pass, which the model checks in one pass; the output follows
-  this model's distribution exactly (greedy: its greedy tokens). Below `fallback_below` tokens per pass (after
-  FALLBACK_WARMUP passes) the rest is plain decoding (0: never). None: FALLBACK_BELOW, and plain decoding from the
-  start where speculation cannot pay (`speculation_pays`: batches > 1 on a CPU; the stats say so, fell_back_at 0
-  with no pass). `return_stats` returns (tokens, speculative.Stats) instead.
+  Speculative decoding: `draft` 'ngram' (prompt lookup), 'self' (the model's own draft heads, model/draft_heads.py)
+  or `drafts.Model(draft_cfg)` with its `draft_params` proposes `draft_tokens` tokens per pass, which the model
+  checks in one pass; the output follows this model's distribution exactly (greedy: its greedy tokens). When
+  speculation is slower than plain decoding the loop decodes plainly and tries the draft again later
+  (fallback.py): by default on measured time (eager calls; under your own jit on the backend's pass cost);
+  `fallback_below` instead falls back below that many tokens per pass (0: never). `return_stats` returns (tokens,
+  speculative.Stats) instead (`stats.describe(...)` is one line).
   """
   if params is None:
     raise ValueError("params is None; pass the model's params (from module.init, weights.load_params or a "
                      "checkpoint).")
+  if not isinstance(cfg, ModelConfig):
+    raise ValueError(f"cfg must be the model's ModelConfig, got a {type(cfg).__name__}; pass "
+                     "ModelConfig.from_dict(section) for a config section or dict.")
   prompt_BxP = jnp.asarray(check_tokens(prompt_BxP, cfg.vocab_size, "prompt"), jnp.int32)
-  if prompt_BxP.shape[1] < 1:
+  batch, length = prompt_BxP.shape
+  if length < 1:
     raise ValueError(f"generate needs prompts [batch, length >= 1], got shape {prompt_BxP.shape}: this model has "
                      "no BOS convention, so start from at least one real token (e.g. a newline byte).")
-  max_new_tokens = _count("max_new_tokens", max_new_tokens, 1, 2 ** 31 - 1 - prompt_BxP.shape[1] - MAX_DRAFT_TOKENS)
-  check_sampling(temperature, top_k, top_p)
-  if end_token is not None:
-    end_token = _count("end_token", end_token, 0, cfg.vocab_size - 1)
+  count("max_new_tokens", max_new_tokens, 1, MAX_TOKENS - length - MAX_DRAFT_TOKENS)
+  end = jnp.int32(-1 if end_token is None else count("end_token", end_token, 0, cfg.vocab_size - 1))
   key = _seed_key(rng)
-  draft = _draft(draft, draft_params, cfg)
-  end = jnp.int32(-1 if end_token is None else end_token)
-  batch, length = prompt_BxP.shape
-  options = dict(cfg=cfg, max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
-                 top_p=float(top_p))
-  if draft is None and (return_stats or fallback_below is not None):
-    what = "return_stats=True reports" if return_stats else f"fallback_below={fallback_below!r} applies to"
-    raise ValueError(f"{what} speculative decoding; pass a draft (e.g. draft='ngram').")
   if draft is not None:
-    draft_tokens = _count("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
-    if fallback_below is not None and (isinstance(fallback_below, bool) or not isinstance(
-        fallback_below, numbers.Real) or not 0 <= fallback_below <= draft_tokens + 1):
-      raise ValueError(f"fallback_below={fallback_below!r} must be None or a number in [0, draft_tokens + 1 = "
-                       f"{draft_tokens + 1}] (tokens per pass; 0 never falls back).")
-  if draft is None or (fallback_below is None and not speculation_pays(batch)):
-    check_cache_fits(cfg, batch, max_len_for(cfg, length + max_new_tokens - 1), "max_new_tokens")
-    tokens = _generate(unbox_params(params), prompt_BxP, key, end, **options)
-    return (tokens, speculative.Stats.plain(tokens, end)) if return_stats else tokens
-  fallback_below = FALLBACK_BELOW if fallback_below is None else fallback_below
-  check_cache_fits(cfg, batch, max_len_for(cfg, length + max_new_tokens + draft_tokens), "max_new_tokens")
-  tokens, stats = speculative.speculate(
-      unbox_params(params), None if draft_params is None else unbox_params(draft_params), prompt_BxP, key, end,
-      draft=draft, num_draft=draft_tokens, fallback_below=float(fallback_below), warmup=FALLBACK_WARMUP, **options)
+    count("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
+  drafted = draft_for(draft, draft_params, cfg, draft_tokens)
+  draft, draft_params = (None, None) if drafted is None else drafted
+  options = Sampling(max_new_tokens, temperature, top_k, top_p, draft, draft_tokens, fallback_below)
+  if draft is None and return_stats:
+    raise ValueError("return_stats=True reports speculative decoding; pass a draft (e.g. draft='ngram').")
+  check_cache_fits(cfg, batch, loop.cache_len(cfg, length, options), "max_new_tokens")
+  params = unbox_params(params)
+  if draft is not None and draft.reads_target:
+    draft_params = params
+  elif draft_params is not None:
+    draft_params = unbox_params(draft_params)
+  static = dataclasses.replace(options, fallback_below=None)  # the threshold is an argument: one program for all
+  traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((params, prompt_BxP, key)))
+  if draft is None or traced or fallback_below is not None:
+    estimate = 1.0 if draft is None else fallback.pass_cost(batch, draft_tokens)
+    threshold = estimate if fallback_below is None else fallback_below
+    tokens, stats = _whole(params, draft_params, prompt_BxP, key, end, jnp.float32(threshold if draft else 0),
+                           cfg=cfg, options=static, pass_cost=estimate)
+  else:
+    args = (params, draft_params, prompt_BxP, key, end)
+    leaves, tree = jax.tree.flatten(args)
+    compiled = _compiled(cfg, static, tree, tuple((leaf.shape, jnp.result_type(leaf)) for leaf in leaves))
+    tokens, stats = Programs(cfg, static).run(compiled, *args)
   return (tokens, stats) if return_stats else tokens
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(cfg: ModelConfig, options: Sampling, tree, shapes: tuple) -> dict:
+  """`Programs(cfg, options).compile` for arguments of this tree and these shapes, kept for the next call."""
+  args = jax.tree.unflatten(tree, [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes])
+  return Programs(cfg, options).compile(*args)

@@ -15,12 +15,15 @@ distance) are made once per cache, in the 'tables' collection. Sampling and `gen
 live in sampling.py, speculative decoding in speculative.py.
 """
 
+import functools
 import os
+from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from hourglass_jax.model.checks import check_tokens, is_checkable
 from hourglass_jax.model.config import ModelConfig
@@ -32,6 +35,34 @@ def unbox_params(variables):
   """Plain param tree from `module.init` output, boxed or not, with or without the 'params' collection."""
   params = nn.meta.unbox(variables)
   return params["params"] if "params" in params else params
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(cfg: ModelConfig) -> dict:
+  variables = jax.eval_shape(HourglassLM(cfg).init, jax.random.key(0), jnp.zeros((1, cfg.pad_multiple), jnp.int32))
+  return {key: tuple(leaf.shape) for key, leaf in traverse_util.flatten_dict(unbox_params(variables), sep="/").items()}
+
+
+def check_params(params, cfg: ModelConfig, name: str = "params") -> None:
+  """Raises ValueError, in one line naming `name`, unless `params` are a tree of arrays with the names and shapes
+  that `build_model(cfg).init` makes (shapes only: nothing is computed)."""
+  if not isinstance(params, Mapping):
+    raise ValueError(f"{name} must be the model's params (the dict `init` or weights.load_params gives), got a "
+                     f"{type(params).__name__} {params!r:.40}.")
+  try:
+    found = {key: tuple(np.shape(leaf)) for key, leaf in traverse_util.flatten_dict(unbox_params(params),
+                                                                                  sep="/").items()}
+  except (TypeError, ValueError, AttributeError) as error:
+    raise ValueError(f"{name} is not a tree of arrays ({error}); pass the model's params.") from None
+  expected = _param_shapes(cfg)
+  problems = [f"{key} missing" for key in sorted(expected.keys() - found.keys())]
+  problems += [f"{key} not in the model" for key in sorted(found.keys() - expected.keys())]
+  problems += [f"{key} has shape {found[key]}, the model {expected[key]}"
+               for key in sorted(found.keys() & expected.keys()) if found[key] != expected[key]]
+  if problems:
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    raise ValueError(f"{name} do not fit the model ({cfg.kind} {cfg.hierarchy}, d_model {cfg.d_model}): "
+                     f"{'; '.join(problems[:3])}{more}; pass the params of that model.")
 
 
 def padded_length(cfg: ModelConfig, max_len: int) -> int:
@@ -112,24 +143,32 @@ def cache_length(cache) -> int:
   return max(leaf.shape[-2] for path, leaf in leaves if getattr(path[-1], "key", None) == "v")
 
 
-def _run(params, cfg, cache, tokens_BxT, position, every_logit: bool = False):
-  """(cache, logits) after feeding tokens_BxT; a cache without tables gets them made in this same call."""
+def _run(params, cfg, cache, tokens_BxT, position, every_logit: bool = False, tap: bool = False):
+  """(cache, logits) after feeding tokens_BxT, with `tap` (cache, logits, what the draft heads read [B, T, D]); a
+  cache without tables gets them made in this same call."""
   variables = {"params": unbox_params(params), "tables": cache["tables"]}
   apply = lambda **kw: HourglassLM(cfg).apply(variables, tokens_BxT, cache=cache["state"], position=position,
-                                              every_logit=every_logit, **kw)
+                                              every_logit=every_logit, tap=tap, **kw)
   if cache["tables"] or cfg.position != "relative":
-    logits, state = apply()
-    return dict(cache, state=state), logits
-  (logits, state), made = apply(mutable=["tables"])
-  return {"state": state, "tables": made["tables"]}, logits
+    *out, state = apply()
+    return (dict(cache, state=state), *out)
+  (*out, state), made = apply(mutable=["tables"])
+  return ({"state": state, "tables": made["tables"]}, *out)
 
 
-def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
+def draft_step(params, cfg: ModelConfig, z_BxD, token_B, head: int):
+  """(draft head `head`'s logits [B, vocab], the chain's next state) from the chain's state (for head 0 what the
+  heads read at one position per row, a row of `extend(..., tap=True)`'s tap) and the byte after that position's
+  (head 0) or the one head - 1 drafted (model/draft_heads.py)."""
+  return HourglassLM(cfg).apply({"params": unbox_params(params)}, token_B[:, None], draft_step=(z_BxD, head))
+
+
+def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int, tap: bool = False):
   """Fills every cache from a prompt in one parallel (masked, whole-prompt) pass.
 
-  Returns (cache, logits [B, vocab] predicting token P). The models have no BOS token of their own (image data
-  starts each sequence with one, see data/image_source.py), so the prompt needs >= 1 token; prompt + generated
-  tokens must fit in `max_len`.
+  Returns (cache, logits [B, vocab] predicting token P), with `tap` also what the draft heads read at each prompt
+  position [B, P, D]. The models have no BOS token of their own (image data starts each sequence with one, see
+  data/image_source.py), so the prompt needs >= 1 token; prompt + generated tokens must fit in `max_len`.
   """
   prompt_BxP = check_tokens(prompt_BxP, cfg.vocab_size, "prompt")
   length = prompt_BxP.shape[1]
@@ -139,7 +178,7 @@ def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int):
   if length > max_len:
     raise ValueError(f"the prompt has {length} tokens but the cache holds max_len={max_len}; raise max_len.")
   # The prompt's own pass makes the relative-position tables, so the model is applied once.
-  return _run(params, cfg, _empty_cache(cfg, prompt_BxP.shape[0], max_len), prompt_BxP, None)
+  return _run(params, cfg, _empty_cache(cfg, prompt_BxP.shape[0], max_len), prompt_BxP, None, tap=tap)
 
 
 def decode_step(params, cfg: ModelConfig, cache, token_B, position):
@@ -164,31 +203,25 @@ def decode_step(params, cfg: ModelConfig, cache, token_B, position):
   return cache, logits_BxV
 
 
-def batch_axes(cfg: ModelConfig, cache):
-  """The batch axis of each of the cache's state arrays (K/V stacks carry a leading layer axis), as a tree like
-  cache['state']: where an empty cache for 2 sequences differs from one for 1."""
-  size = cache_length(cache)
-  one, two = (jax.eval_shape(lambda: _empty_cache(cfg, batch, size)["state"]) for batch in (1, 2))
-  return jax.tree.map(lambda a, b: next(i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n), one, two)
-
-
 def row_positions(position_B):
-  """`extend`'s position for rows at position_B: the scalar of a single row (then nothing is mapped over rows, and
-  a level that may not run sits under a real cond), else position_B."""
+  """`extend`'s position for rows at position_B: the scalar of a single row (then a level that may not run sits
+  under a cond of its own), else position_B."""
   return position_B[0] if position_B.shape[0] == 1 else position_B
 
 
-def extend(params, cfg: ModelConfig, cache, tokens_BxK, position):
+def extend(params, cfg: ModelConfig, cache, tokens_BxK, position, tap: bool = False):
   """Feeds K tokens per row in one pass; returns (cache, logits [B, K, vocab]): logits[:, i] are the forward pass's
-  at the position of tokens[:, i] (they predict the token after it).
+  at the position of tokens[:, i] (they predict the token after it). `tap`: also what the draft heads read at each
+  of the K positions [B, K, D] (model/draft_heads.py), as (cache, logits, tap).
 
   `position` is the first token's position: an int or int scalar for every row, or int [B] for each row its own
-  (rows a speculative decoder advanced by different counts; then the pass is mapped over the rows with jax.vmap).
-  The K tokens go through every layer together, attending to the cache and to each other; a shortened level runs
-  once for the tokens they complete. The cache must hold position + K entries (`cache_length`): a concrete position
-  out of range raises ValueError, a traced one gives that row NaN logits. To take the cache back to position + j
-  (j < K; the tokens a verifier rejected), feed position + j next: every entry is indexed by position, so nothing is
-  copied or undone.
+  (rows a speculative decoder advanced by different counts): one batched pass either way, every cache written row
+  by row at its rows' positions under per-row masks. The K tokens go through every layer together, attending to the
+  cache and to each other; a shortened level runs once for the tokens they complete (for rows at their own
+  positions, when any row completes one). The cache must hold position + K entries (`cache_length`): a concrete
+  position out of range raises ValueError, a traced one gives that row NaN logits. To take the cache back to
+  position + j (j < K; the tokens a verifier rejected), feed position + j next: every entry is indexed by position,
+  so nothing is copied or undone.
   """
   tokens_BxK = jnp.asarray(check_tokens(tokens_BxK, cfg.vocab_size, "tokens_BxK"), jnp.int32)
   batch, num = tokens_BxK.shape
@@ -205,20 +238,8 @@ def extend(params, cfg: ModelConfig, cache, tokens_BxK, position):
       raise ValueError(f"extend: {num} tokens from position {low if low < 0 else high} do not fit the cache, which "
                        f"holds positions [0, {size}); init the cache (or prefill) with a larger max_len.")
   position = jnp.asarray(position, jnp.int32)
-  if not position.ndim:
-    cache, logits_BxKxV = _run(params, cfg, cache, tokens_BxK, position, every_logit=True)
-  else:
-    axes = batch_axes(cfg, cache)
-
-    def row(state, tokens_K, start):
-      state = jax.tree.map(jnp.expand_dims, state, axes)
-      new, logits_1xKxV = _run(params, cfg, dict(cache, state=state), tokens_K[None], start, every_logit=True)
-      return jax.tree.map(jnp.squeeze, new["state"], axes), logits_1xKxV[0]
-
-    state, logits_BxKxV = jax.vmap(row, in_axes=(axes, 0, 0), out_axes=(axes, 0))(cache["state"], tokens_BxK,
-                                                                                  position)
-    cache = dict(cache, state=state)
+  cache, logits_BxKxV, *rest = _run(params, cfg, cache, tokens_BxK, position, every_logit=True, tap=tap)
   if not is_checkable(position):
     bad_B = jnp.broadcast_to((position < 0) | (position + num > size), (batch,))
     logits_BxKxV = jnp.where(bad_B[:, None, None], jnp.nan, logits_BxKxV)
-  return cache, logits_BxKxV
+  return (cache, logits_BxKxV, *rest)

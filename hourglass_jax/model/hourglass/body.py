@@ -73,10 +73,13 @@ def check_stream(x_BxLxD, cache=None, position=None, outermost: bool = True) -> 
              if getattr(path[-1], "key", None) == "v")
   if position is None:
     position = 0
-  if np.ndim(position) or not jnp.issubdtype(jnp.result_type(position), jnp.integer):
-    raise ValueError(f"Hourglass: position={position!r} must be an integer scalar (the entry of x's first row).")
-  if is_checkable(position) and not (0 <= int(position) and int(position) + shape[1] <= size):
-    raise ValueError(f"Hourglass: position={int(position)} is outside the cache for {shape[1]} row(s) from it: it "
+  if np.ndim(position) > 1 or (np.ndim(position) and np.shape(position) != shape[:1]) or \
+      not jnp.issubdtype(jnp.result_type(position), jnp.integer):
+    raise ValueError(f"Hourglass: position={position!r} must be an integer scalar or int [{shape[0]}] (the entry "
+                     "of x's first row, for every row or each its own).")
+  if is_checkable(position) and not (0 <= int(np.min(position)) and int(np.max(position)) + shape[1] <= size):
+    bad = int(np.min(position)) if int(np.min(position)) < 0 else int(np.max(position))
+    raise ValueError(f"Hourglass: position={bad} is outside the cache for {shape[1]} row(s) from it: it "
                      f"holds entries [0, {size}); make the cache with new_cache(batch, length) for a larger length.")
   return size
 
@@ -92,8 +95,10 @@ class Hourglass(module_fields(HourglassSettings, hierarchy="2@1 4@3 2@1"), modul
   'shorten', 'inner' (the next level, the same layout), 'upsample', 'post'; or 'layers' for a single level.
 
   Cached decoding: `cache` from `new_cache` (entries in units of this stream), `position` the (traced) entry of x's
-  first row (None: 0, a prompt); x's T rows are fed together, each attending to the cache and to the rows before
-  it; returns (y, cache). The cache is indexed by position: feeding rows from an earlier entry again (the rows a
+  first row (None: 0, a prompt), one for every row or int [B], each row at its own; x's T rows are fed together,
+  each attending to the cache and to the rows before it; returns (y, cache). `tap`: also the outermost shortened
+  level's output (its up-sampled stream plus the residual, what the post layers read), as (y, tap) or
+  (y, cache, tap). The cache is indexed by position: feeding rows from an earlier entry again (the rows a
   speculative decoder rejected, replaced) overwrites what followed it.
 
   shorten='dynamic' takes `DynamicSettings` (the level's and its predictors') and passes `inputs` to the outermost
@@ -112,25 +117,31 @@ class Hourglass(module_fields(HourglassSettings, hierarchy="2@1 4@3 2@1"), modul
                                self.segment_capacity, predictors)
 
   @nn.compact
-  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, lengths_B=None, **inputs):
+  def __call__(self, x_BxLxD, deterministic: bool = True, cache=None, position=None, lengths_B=None,
+               tap: bool = False, **inputs):
     hierarchy = parse_hierarchy(self.hierarchy)
     size = check_stream(x_BxLxD, cache, position, self.outer_factor == 1)
     options = self.layer_config(x_BxLxD.shape[-1]).options()
     start = 0 if position is None else position
+    if tap and not hierarchy.depth:
+      raise ValueError(f"Hourglass(hierarchy={self.hierarchy!r}).__call__(tap=True): there is no shortened level "
+                       "to tap; tap a hierarchy with one.")
     if not hierarchy.depth:  # the center: a plain stack
       layers = self.stack(hierarchy.levels[0][0], "layers", options)
       if cache is None:
         return layers(x_BxLxD, deterministic)
-      y_BxLxD, layers_cache = layers(x_BxLxD, True, cache["layers"], start + jnp.arange(x_BxLxD.shape[1]))
-      cache = dict(cache, layers=layers_cache)
+      y_BxLxD, layers_cache = layers(x_BxLxD, True, cache["layers"], kv_cache.entries(start, x_BxLxD.shape[1]))
+      cache, short = dict(cache, layers=layers_cache), None
     else:
       level = dynamic_body if self.shorten == DYNAMIC else fixed_body
       if cache is None:
-        return level.forward(self, hierarchy, options, x_BxLxD, deterministic, lengths_B, **inputs)
-      y_BxLxD, cache = level.decode(self, hierarchy, options, x_BxLxD, cache, start, **inputs)
+        y_BxLxD, short = level.forward(self, hierarchy, options, x_BxLxD, deterministic, lengths_B, **inputs)
+        return (y_BxLxD, short) if tap else y_BxLxD
+      y_BxLxD, cache, short = level.decode(self, hierarchy, options, x_BxLxD, cache, start, **inputs)
     if self.outer_factor == 1 and not is_checkable(start):  # as the LM's decode_step
-      y_BxLxD = jnp.where((start < 0) | (start + x_BxLxD.shape[1] > size), jnp.nan, y_BxLxD)
-    return y_BxLxD, cache
+      bad_B = kv_cache.out_of_range(start, x_BxLxD.shape[1], size)
+      y_BxLxD = jnp.where(jnp.reshape(bad_B, (-1, 1, 1)), jnp.nan, y_BxLxD)
+    return (y_BxLxD, cache, short) if tap else (y_BxLxD, cache)
 
   def predictors(self, hierarchy) -> tuple[type[BoundaryPredictor], ...]:
     """The dynamic levels' predictors, this level's first: resolved once, then handed to the level and inward."""

@@ -29,22 +29,24 @@ def level_cache(cfg, hierarchy, shorten: str, upsample: str, batch: int, padded:
 
 
 def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **inputs):
-  """pre stack -> shift and shorten -> inner level -> upsample (+ x) -> post stack, padded to the total factor."""
+  """pre stack -> shift and shorten -> inner level -> upsample (+ x) -> post stack, padded to the total factor;
+  returns (y, the up-sampled stream plus x: what the post stack reads)."""
   length = x_BxLxD.shape[1]
   x_BxPxD = pad_to(x_BxLxD, hierarchy.total_factor)
   x_BxPxD = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxPxD, deterministic)
   z_BxQxD = body.shortening(hierarchy, options)(x_BxPxD, deterministic)
   z_BxQxD = body.inner_level(hierarchy, options)(z_BxQxD, deterministic)
-  y_BxPxD = body.upsampling(hierarchy, options)(z_BxQxD, x_BxPxD, deterministic)
-  y_BxPxD = body.stack(hierarchy.post_layers[0], "post", options)(y_BxPxD, deterministic)
-  return y_BxPxD[:, :length]
+  u_BxPxD = body.upsampling(hierarchy, options)(z_BxQxD, x_BxPxD, deterministic)
+  y_BxPxD = body.stack(hierarchy.post_layers[0], "post", options)(u_BxPxD, deterministic)
+  return y_BxPxD[:, :length], u_BxPxD[:, :length]
 
 
 def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **inputs):
-  """The level's cached forward of x's T rows at stream entries start..: pre stack, the shortened tokens they
-  complete through the inner level (under nn.cond when T < k: maybe none), upsample, post stack."""
+  """The level's cached forward of x's T rows at stream entries start.. (one for every row, or [B]): pre stack, the
+  shortened tokens they complete through the inner level (under nn.cond when T < k: maybe none; rows at their own
+  entries run it when any row completes one), upsample, post stack. Returns (y, cache, the up-sampled stream)."""
   length = x_BxTxD.shape[1]
-  index_T = start + jnp.arange(length)
+  index_T = kv_cache.entries(start, length)
   cache = dict(cache)
   x_BxTxD, cache["pre"] = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
   y_BxTxD = x_BxTxD
@@ -74,6 +76,6 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **in
                                                      cache.get("up"), start, first)
     if up is not None:
       cache["up"] = up
-  y_BxTxD, cache["post"] = body.stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
-                                                                                   index_T)
-  return y_BxTxD, cache
+  out_BxTxD, cache["post"] = body.stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
+                                                                                     index_T)
+  return out_BxTxD, cache, y_BxTxD

@@ -7,7 +7,6 @@ full-resolution position q may use shortened tokens j <= q // k.
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.kv_cache import KVCache
@@ -109,15 +108,14 @@ class AttentionResidual(nn.Module):
     k, outer = self.k, self.outer_factor
     size = kv_cache.size(kv)
     entries_S = jnp.arange(size)
-    query_T = start + jnp.arange(num_queries)
+    query_T = kv_cache.entries(start, num_queries)  # [T], or [B, T] for rows at their own entries
     if self.direction == "shorten":  # cache entry m: shifted position m, original position m - k + 1
       first_key = start * k
       positions_S = (entries_S - k + 1) * outer
-      return (query_T * k * outer, (first_key + jnp.arange(num_keys) - k + 1) * outer,
-              entries_S[None, :] // k <= query_T[:, None], KVCache(kv, first_key, positions_S, outer, size))
+      return (query_T * k * outer, (kv_cache.entries(first_key, num_keys) - k + 1) * outer,
+              entries_S // k <= query_T[..., None], KVCache(kv, first_key, positions_S, outer, size))
     # cache entry j: shortened token j at position j k
-    return (query_T * outer, (first + jnp.arange(num_keys)) * k * outer,
-            entries_S[None, :] <= (query_T // k)[:, None],
+    return (query_T * outer, kv_cache.entries(first, num_keys) * k * outer, entries_S <= (query_T // k)[..., None],
             KVCache(kv, first, entries_S * k * outer, outer, size * k))
 
 
@@ -195,7 +193,7 @@ class Upsample(LayerOptions):
       return (r_BxLxD, kv) if cached else r_BxLxD
     cfg, k = self.layer_config(r_BxLxD.shape[-1]), self.factor
     # Cached: z's first token covers entries first * k ..; r's rows start at offset start - first * k of its rows.
-    rows = (lambda u: lax.dynamic_slice_in_dim(u, start - first * k, length, axis=1)) if cached else (lambda u: u)
+    rows = (lambda u: kv_cache.read_rows(u, start - first * k, length)) if cached else (lambda u: u)
     unpool_method = self.method.removeprefix("attention_")
     if not self.method.startswith("attention_"):
       u_BxLxD = rows(Unpool(cfg, k, unpool_method, name="unpool")(z_BxLkxD, deterministic))

@@ -39,8 +39,9 @@ class ScaleAttention(nn.Module):
   key, or (retina) those within the group's window scales.windows[g]. Query rows a group sees nothing of get zero
   output from it. Parameters: exactly those of MultiHeadAttention.
   Cached (`caches`: the groups' K/V caches; `position` None for a prompt's rows at positions 0.., else that of the
-  first row): kvs[g] are group g's tokens from its entry firsts[g], written into its cache; rows past a prompt
-  attend over only the entries their windows can reach. Returns (out, the groups' K/V caches).
+  first row, one for every row or int [B]): kvs[g] are group g's tokens from its entry firsts[g], written into its
+  cache; rows past a prompt attend over only the entries their windows can reach. Returns (out, the groups' K/V
+  caches).
   """
   cfg: LayerConfig
   scales: MultiScale
@@ -51,7 +52,7 @@ class ScaleAttention(nn.Module):
     axes = ("embed", "heads", "kv")
     length = x_q_BxTxD.shape[1]
     start = 0 if position is None else position
-    positions_q_T = stream_positions(length, 1) if caches is None else start + jnp.arange(length)
+    positions_q_T = stream_positions(length, 1) if caches is None else kv_cache.entries(start, length)  # or [B, T]
     q_BxTxNxH = dense(cfg, (cfg.num_heads, cfg.head_dim), axes, "query")(x_q_BxTxD)
     if cfg.position == "rope":
       q_BxTxNxH = apply_rope(q_BxTxNxH, positions_q_T, cfg.rope_base)
@@ -74,10 +75,10 @@ class ScaleAttention(nn.Module):
         window = None if position is None or not scales.windows else _window(size, s, back_start, back_stop, position,
                                                                              length)
         first_entry, count = (0, size) if window is None else window
-        last_S = (first_entry + jnp.arange(count)) * s
+        last_S = kv_cache.entries(first_entry, count) * s  # [S], or [B, S] per row
         cache = KVCache(caches[g], first_new, last_S, 1, size * s, window=window)
-        mask_TxS = retina_visible(positions_q_T[:, None], last_S[None, :], s, back_start, back_stop)
-        positions_k_S = (first_new + jnp.arange(kv_BxSxD.shape[1])) * s
+        mask_TxS = retina_visible(positions_q_T[..., :, None], last_S[..., None, :], s, back_start, back_stop)
+        positions_k_S = kv_cache.entries(first_new, kv_BxSxD.shape[1]) * s
       k_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"key_{g}")(kv_BxSxD)
       v_BxSxnxH = dense(cfg, (n, cfg.head_dim), axes, f"value_{g}")(kv_BxSxD)
       relative = None
@@ -85,13 +86,13 @@ class ScaleAttention(nn.Module):
         k_BxSxnxH = apply_rope(k_BxSxnxH, positions_k_S, cfg.rope_base)
       else:
         relative = u_NxH[group], v_NxH[group], dense(cfg, (n, cfg.head_dim), axes, f"position_{g}", use_bias=False)
-      empty_T = ~mask_TxS.any(axis=1)
+      empty_T = ~mask_TxS.any(axis=-1)
       if cache is None and empty_T.any():  # any allowed key keeps the softmax finite; the output is then zeroed
         mask_TxS = mask_TxS | (empty_T[:, None] & (np.arange(mask_TxS.shape[1]) == 0)[None, :])
       out_BxTxnxH, kv = head_attention(self, cfg, q_BxTxNxH[:, :, group], k_BxSxnxH, v_BxSxnxH, positions_q_T,
                                        positions_k_S, mask_TxS, deterministic, relative, cache, f"table_{g}")
       if cache is not None or empty_T.any():  # a traced mask (cached) may leave rows empty too
-        out_BxTxnxH = jnp.where(empty_T[None, :, None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)
+        out_BxTxnxH = jnp.where(empty_T[..., None, None], 0.0, out_BxTxnxH).astype(out_BxTxnxH.dtype)
       outs.append(out_BxTxnxH)
       written.append(kv)
     out_BxTxNxH = jnp.concatenate(outs, axis=2)

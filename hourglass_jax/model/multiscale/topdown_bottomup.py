@@ -5,9 +5,10 @@ inside to a multiple of the coarsest scale). A stack at cumulative scale s runs 
 tokens' last positions), so rotary and relative positions measure real distances, as in Hourglass.
 
 Both decode with a cache (`cache`, `position`; an empty one from the module's `new_cache`), rows position.. at
-once. Per coarse scale s it holds 'scale_<s>' (its stack's K/V), 'stream_<s>' (the finer stream it pools, shifted
-by k-1 rows: the causal shift) and 'z_<s>' (its outputs); bottom-up adds 'aggregate_<g>' (K/V of the aggregation
-layer's head group g); and the scale-1 stack 'scale_1'. Token j of scale s completes at position js, so scale s
+once (`position` one entry for every row, or int [B]: each row its own). Per coarse scale s it holds 'scale_<s>'
+(its stack's K/V), 'stream_<s>' (the finer stream it pools, shifted by k-1 rows: the causal shift) and 'z_<s>' (its
+outputs); bottom-up adds 'aggregate_<g>' (K/V of the aggregation layer's head group g); and the scale-1 stack
+'scale_1'. Token j of scale s completes at position js, so scale s
 runs for the tokens the new rows complete (under nn.cond where there may be none), nested by factor.
 """
 
@@ -15,7 +16,6 @@ import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
-from jax import lax
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, module_fields
@@ -55,7 +55,8 @@ def _stack(cfg: LayerConfig, scales: MultiScale, i: int):
 def _cached_stack(cfg: LayerConfig, scales: MultiScale, i: int, cache: dict, x_BxTxD, start):
   """Scale i's stack on its tokens start.. (extends cache['scale_<s>'])."""
   name = f"scale_{scales.factors[i]}"
-  y_BxTxD, cache[name] = _stack(cfg, scales, i)(x_BxTxD, True, cache[name], start + jnp.arange(x_BxTxD.shape[1]))
+  index_T = kv_cache.entries(start, x_BxTxD.shape[1])  # [T], or [B, T]: rows at their own entries
+  y_BxTxD, cache[name] = _stack(cfg, scales, i)(x_BxTxD, True, cache[name], index_T)
   return y_BxTxD
 
 
@@ -125,7 +126,7 @@ class TopDown(module_fields(MultiScaleSettings, "scales", "layers_per_scale", "d
     first, count = kv_cache.coarse_read(start, length, k, cache[f"z_{coarse}"].shape[1])
     rows_BxRxD = upsample(cfg, self.upsampler, kv_cache.read_rows(cache[f"z_{coarse}"], first, count), k, True,
                           f"upsample_{coarse}")
-    u_BxTxD = lax.dynamic_slice_in_dim(rows_BxRxD, start - first * k, length, axis=1)
+    u_BxTxD = kv_cache.read_rows(rows_BxRxD, start - first * k, length)
     return _cached_stack(cfg, scales, i, cache, merge(cfg, e_BxTxD, u_BxTxD, True, f"merge_{scales.factors[i]}"),
                          start)
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from hourglass_jax.model import counting
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.decode.drafts.base import Draft, register
-from hourglass_jax.model.decode.steps import extend, max_len_for, prefill, row_positions
+from hourglass_jax.model.decode.steps import check_params, extend, max_len_for, prefill, row_positions
 
 MAX_FRACTION = 0.1  # of the target's parameters: configs/draft.py sizes drafts under it, larger ones are warned about
 
@@ -38,6 +38,11 @@ class Model(Draft):
 
   name = "model"
 
+  def __post_init__(self):
+    if not isinstance(self.cfg, ModelConfig):
+      raise ValueError(f"drafts.Model(cfg=...) takes the draft model's ModelConfig, got a {type(self.cfg).__name__}; "
+                       "pass drafts.Model(ModelConfig.from_dict(section)) for a config section or dict.")
+
   def check(self, target_cfg, params) -> None:
     if self.cfg.vocab_size != target_cfg.vocab_size:
       raise ValueError(f"the draft model's vocab_size={self.cfg.vocab_size} differs from the target's "
@@ -46,6 +51,7 @@ class Model(Draft):
       raise ValueError("a draft model needs its params (the `draft_params` of generate).")
     if warning := size_warning(self.cfg, target_cfg):
       warnings.warn(warning)  # once per process: load_draft and generate both check
+    check_params(params, self.cfg, "draft_params")
 
   def start(self, params, prompt_BxP, max_len):
     return prefill(params, self.cfg, prompt_BxP, max_len_for(self.cfg, max_len))[0]

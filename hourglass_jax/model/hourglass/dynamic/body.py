@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from hourglass_jax.model import kv_cache
 from hourglass_jax.model.hourglass.dynamic import cache as dynamic_cache
 from hourglass_jax.model.hourglass.dynamic.segments import segments_holding, smooth_segments
 from hourglass_jax.model.hourglass.dynamic.level import BoundaryPredictor, Segments, max_segments
@@ -24,23 +25,25 @@ def level_cache(cfg, hierarchy, batch: int, padded: int, segment_capacity: float
 
 
 def forward(body, hierarchy, options, x_BxLxD, deterministic, lengths_B=None, **inputs):
-  """pre stack -> segments -> inner level over them -> each position's last completed segment + x -> post.
-  `lengths_B`: a level inside another dynamic one, whose rows hold lengths_B segments, then empty slots."""
+  """pre stack -> segments -> inner level over them -> each position's last completed segment + x -> post;
+  returns (y, what the post stack reads). `lengths_B`: a level inside another dynamic one, whose rows hold lengths_B
+  segments, then empty slots."""
   x_BxLxD = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxLxD, deterministic)
   z_BxMxD, segments = body.shortening(hierarchy, options)(x_BxLxD, deterministic, lengths_B=lengths_B,
                                                                 **inputs)
   z_BxMxD = body.inner_level(hierarchy, options)(z_BxMxD, deterministic,
                                             lengths_B=segments_holding(segments.ids_BxL, lengths_B))
   y_BxLxD = body.upsampling(hierarchy, options)(z_BxMxD, segments, x_BxLxD)
-  return body.stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic)
+  return body.stack(hierarchy.post_layers[0], "post", options)(y_BxLxD, deterministic), y_BxLxD
 
 
 def decode(body, hierarchy, options, x_BxTxD, cache, start, **inputs):
   """`forward` with a cache (cache.py) for x's T rows at stream entries start..: the tokens join and close
   segments in order, the segments they close go through the inner level together, and each token reads the newest
-  segment completed at or before it."""
+  segment completed at or before it. `start` is one entry for every row or int [B]; returns (y, cache, what the
+  post stack reads)."""
   length = x_BxTxD.shape[1]
-  index_T = start + jnp.arange(length)
+  index_T = kv_cache.entries(start, length)
   cache = dict(cache)
   x_BxTxD, cache["pre"] = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
   previous = dynamic_cache.state_before(cache["state"], start)
@@ -66,9 +69,9 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, **inputs):
   y_BxNxD = jnp.where((closed_B > 0)[:, None, None], y_BxNxD.astype(old_BxNxD.dtype), old_BxNxD)
   cache["ybar"] = dynamic_cache.put_rows(cache["ybar"], y_BxNxD, first_B)
   y_BxTxD = body.upsampling(hierarchy, options)(cache["ybar"], Segments(None, after["completed"], None), x_BxTxD)
-  y_BxTxD, cache["post"] = body.stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
-                                                                                   index_T)
-  return y_BxTxD, cache
+  out_BxTxD, cache["post"] = body.stack(hierarchy.post_layers[0], "post", options)(y_BxTxD, True, cache["post"],
+                                                                                     index_T)
+  return out_BxTxD, cache, y_BxTxD
 
 
 def _smoothed(cache, y_BxNxD, first_B, count: int):

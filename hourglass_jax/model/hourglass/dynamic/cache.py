@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from hourglass_jax.model import kv_cache
+
 
 def new_level_state(batch: int, size: int, d_model: int, predictor_state: dict) -> dict:
   """The per-position state of `size` entries; `predictor_state`: the predictor's `new_state` for one entry [B, ...]."""
@@ -25,16 +27,18 @@ def new_level_state(batch: int, size: int, d_model: int, predictor_state: dict) 
 
 
 def state_before(state: dict, start):
-  """The state after entry start-1 ([B, ...] each; zeros, the empty state, when start is 0)."""
-  at = lambda a: lax.dynamic_index_in_dim(a, jnp.maximum(start - 1, 0), 1, keepdims=False)
-  return jax.tree.map(lambda a: jnp.where(start > 0, at(a), jnp.zeros_like(at(a))), state)
+  """The state after entry start-1 ([B, ...] each; zeros, the empty state, when start is 0; start one entry for
+  every row, or int [B])."""
+  def before(a):
+    row = kv_cache.read_row(a, jnp.maximum(start - 1, 0))
+    return jnp.where(jnp.reshape(start > 0, jnp.shape(start) + (1,) * (row.ndim - jnp.ndim(start))), row, 0)
+  return jax.tree.map(before, state)
 
 
 def write_state(state: dict, rows: dict, start) -> dict:
   """`state` with each token's [B, T, ...] rows at entries start..start+T-1 (of the names `rows` has: a predictor
-  keeps only what it reads)."""
-  return dict(state, **{name: lax.dynamic_update_slice_in_dim(state[name], row.astype(state[name].dtype), start, 1)
-                        for name, row in rows.items()})
+  keeps only what it reads; start one entry for every row, or int [B])."""
+  return dict(state, **{name: kv_cache.write_rows(state[name], row, start) for name, row in rows.items()})
 
 
 def _segmented_cumsum(starts_BxT, values_BxTx):

@@ -29,8 +29,9 @@ class Decision(NamedTuple):
 class BoundaryPredictor(nn.Module):
   """A dynamic level's boundary predictor: `__call__(x [B, L, D], deterministic, positions_L, lengths_B, state,
   **inputs)` -> `Decision`, b_t decided from positions <= t. `positions_L`: x's entries in the level's stream (0..
-  when None); `lengths_B`: the positions of each row its losses count (a nested level's filled slots); `state`: the
-  decoding state before x's first position (None: a forward pass); `inputs`: what it reads besides x.
+  when None; [B, L] in decoding rows at their own entries); `lengths_B`: the positions of each row its losses
+  count (a nested level's filled slots); `state`: the decoding state before x's first position (None: a forward
+  pass); `inputs`: what it reads besides x.
 
   A subclass declares its `key` (the name `boundaries` gives it; `parse` for names that carry settings) and the
   `examples` the conformance grid builds it with (tests/test_predictors.py; default: `key`), the `module_name` of

@@ -36,5 +36,5 @@ class Every(BoundaryPredictor):
 
   def __call__(self, x_BxLxD, deterministic=True, positions_L=None, lengths_B=None, state=None):
     positions_L = jnp.arange(x_BxLxD.shape[1]) if positions_L is None else positions_L
-    b_L = ((positions_L + 1) % self.count == 0).astype(jnp.float32)
-    return Decision(jnp.broadcast_to(b_L[None, :], x_BxLxD.shape[:2]))
+    b_L = ((positions_L + 1) % self.count == 0).astype(jnp.float32)  # or [B, L]: rows at their own entries
+    return Decision(jnp.broadcast_to(b_L, x_BxLxD.shape[:2]))

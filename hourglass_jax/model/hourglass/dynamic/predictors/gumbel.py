@@ -67,7 +67,7 @@ class Gumbel(BoundaryPredictor):
       deterministic = True
     if deterministic and self.gumbel_evaluation == "sample":
       positions_L = jnp.arange(logit_BxL.shape[1]) if positions_L is None else positions_L
-      b_BxL = (logit_BxL + evaluation_noise(positions_L)[None, :] > 0).astype(jnp.float32)
+      b_BxL = (logit_BxL + evaluation_noise(positions_L) > 0).astype(jnp.float32)  # positions [L] or [B, L]
     elif deterministic:
       b_BxL = (logit_BxL > 0).astype(jnp.float32)
     else:
