@@ -180,6 +180,28 @@ VOCAB = SMALL["vocab_size"]
 # NumPy, so that slicing it does not compile a JAX op per slice.
 TOKENS = np.random.default_rng(0).integers(0, VOCAB, size=(BATCH, LENGTH)).astype(np.int32)
 
+# The decoding tests' model shapes (test_decode.py's parity grid, test_speculative.py's drafts of every kind).
+SINGLE_LEVEL = "1@1 2@3 1@1"
+MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
+TOPDOWN = dict(kind="topdown", scales="4,2,1", layers_per_scale="1,1,1")
+BOTTOMUP = dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2")
+RETINA = dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:1,1:3,3:12")
+DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
+# The conformance grid decodes every predictor (test_predictors.py); greedy generation runs on its 'gumbel' case.
+DYNAMIC_GEN = small_config(**DYNAMIC, boundaries="gumbel", position="relative")
+NESTED = dict(DYNAMIC, hierarchy=MULTI_LEVEL)
+NESTED_CASES = [small_config(**NESTED, boundaries="gumbel", position="rope"),
+                small_config(**NESTED, boundaries="whitespace,routing", position="relative"),
+                small_config(**NESTED, boundaries="entropy,gumbel", position="rope", segment_pooling="linear"),
+                small_config(**NESTED, boundaries="routing", position="relative")]
+GEN_CASE = 1  # test_hourglass_decoding_matches_forward's case 1, whose programs are compiled already
+GEN_CFG = small_config(hierarchy=SINGLE_LEVEL, shorten="linear", upsample="linear", position="relative")
+
+
+def multiscale_config(fields, **overrides) -> ModelConfig:
+  """A multi-scale model of the shared widths (SMALL) with `fields` (TOPDOWN, BOTTOMUP, RETINA) and overrides."""
+  return ModelConfig(**{**SMALL, **fields, **overrides})
+
 
 
 EXTEND_SIZES = (1, 2, 3, 5, 8)

@@ -11,21 +11,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model import ModelConfig, build_model, decode
+from hourglass_jax.model import build_model, decode
 from hourglass_jax.model.decode import sampling
 from hourglass_jax.model.config import DOWNSAMPLERS, SHORTEN, UPSAMPLE, UPSAMPLERS
 from hourglass_jax.model.decode.filters import filter_logits, sample_logits
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
-from tests.helpers import (BATCH, LENGTH, SMALL, TOKENS, VOCAB, assert_decoding_matches_forward, describe,
-                           dynamic_variables, eval_boundaries, extend_sizes, jitted_apply, jitted_step, level_rates,
-                           model_and_params, option_grid, prompt_lengths, reference_program, run_reference, schedules,
-                           small_config)
+from tests.helpers import (BATCH, BOTTOMUP, DYNAMIC, DYNAMIC_GEN, GEN_CASE, GEN_CFG, LENGTH, MULTI_LEVEL,
+                           NESTED_CASES, RETINA, SINGLE_LEVEL, TOKENS, TOPDOWN, VOCAB,
+                           assert_decoding_matches_forward, describe, dynamic_variables, eval_boundaries, extend_sizes,
+                           jitted_apply, jitted_step, level_rates, model_and_params, multiscale_config, option_grid,
+                           prompt_lengths, reference_program, run_reference, schedules, small_config)
 
-SINGLE_LEVEL = "1@1 2@3 1@1"
-MULTI_LEVEL = "1@1 1@2 1@4 1@2 1@1"
-TOPDOWN = dict(kind="topdown", scales="4,2,1", layers_per_scale="1,1,1")
-BOTTOMUP = dict(kind="bottomup", scales="4,2,1", layers_per_scale="1,1,1", heads_per_scale="1,1,2")
-RETINA = dict(kind="retina", hierarchy="2@1", scales="4,2,1", heads_per_scale="1,1,2", retina_windows="0:1,1:3,3:12")
+
 def slow_unless(sampled: bool):
   return () if sampled else (pytest.mark.slow,)
 
@@ -57,11 +54,6 @@ def test_vanilla_decoding_matches_forward(position):
 def test_other_hierarchies_decoding_matches_forward(hierarchy):
   assert_decoding_matches_forward(small_config(hierarchy=hierarchy, shorten="attention_linear",
                                                upsample="attention_linear"))
-
-
-DYNAMIC = dict(hierarchy=SINGLE_LEVEL, shorten="dynamic", upsample="repeat")
-# The conformance grid decodes every predictor (test_predictors.py); greedy generation runs on its 'gumbel' case.
-DYNAMIC_GEN = small_config(**DYNAMIC, boundaries="gumbel", position="relative")
 
 
 @pytest.mark.parametrize("pooling", ["mean", "linear"])
@@ -114,11 +106,6 @@ def test_text_rows_that_close_segments_at_different_steps_decode_like_the_forwar
                                err_msg=f"{predictor} prompt {prompt_len}")
 
 
-NESTED = dict(DYNAMIC, hierarchy=MULTI_LEVEL)
-NESTED_CASES = [small_config(**NESTED, boundaries="gumbel", position="rope"),
-                small_config(**NESTED, boundaries="whitespace,routing", position="relative"),
-                small_config(**NESTED, boundaries="entropy,gumbel", position="rope", segment_pooling="linear"),
-                small_config(**NESTED, boundaries="routing", position="relative")]
 NESTED_QUICK = {0, 1}
 
 
@@ -140,10 +127,6 @@ def test_dynamic_greedy_generation_matches_repeated_full_forwards():
   cached = sampling.generate(params, cfg, TOKENS[:, :prompt_len], max_new_tokens=LENGTH - prompt_len, rng=0,
                              temperature=0.0)
   np.testing.assert_array_equal(cached, greedy_by_full_forward(cfg, 3, params, prompt_len))
-
-
-def multiscale_config(fields, **overrides):
-  return ModelConfig(**{**SMALL, **fields, **overrides})
 
 
 def multiscale_cases():
@@ -220,10 +203,6 @@ def test_coarse_levels_run_under_nested_conds(cfg, expected):
   jaxpr = jax.make_jaxpr(lambda c, t: decode.decode_step(params, cfg, c, TOKENS[:, 0], t))(cache, 3)
   # Each cond has an identity branch with no conds, so count per level over all branches.
   assert nested_conds(jaxpr.eqns) == expected
-
-
-GEN_CASE = 1  # test_hourglass_decoding_matches_forward's case 1, whose programs are compiled already
-GEN_CFG = small_config(hierarchy=SINGLE_LEVEL, shorten="linear", upsample="linear", position="relative")
 
 
 def greedy_by_full_forward(cfg, case, params, prompt_len):

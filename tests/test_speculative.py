@@ -19,9 +19,8 @@ from hourglass_jax.model.decode import drafts, fallback, sampling
 from hourglass_jax.model.decode.drafts.ngram import continuation
 from hourglass_jax.model.decode.filters import filter_logits
 from hourglass_jax.testing import random_variables
-from tests.helpers import small_config
-from tests.test_decode import (BOTTOMUP, DYNAMIC_GEN, GEN_CFG, LENGTH, MULTI_LEVEL, NESTED_CASES, RETINA, TOKENS,
-                               TOPDOWN, VOCAB, model_and_params, multiscale_config)
+from tests.helpers import (BOTTOMUP, DYNAMIC_GEN, GEN_CFG, LENGTH, MULTI_LEVEL, NESTED_CASES, RETINA, TOKENS, TOPDOWN,
+                           VOCAB, model_and_params, multiscale_config, small_config)
 
 VANILLA = small_config(kind="vanilla", hierarchy="2@1")
 KINDS = {"hourglass": GEN_CFG, "dynamic": DYNAMIC_GEN, "nested dynamic": NESTED_CASES[1],
