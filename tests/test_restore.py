@@ -46,13 +46,14 @@ def params_only(monkeypatch):
 
 
 @pytest.mark.slow
-def test_evaluation_and_sampling_read_the_params_alone(trained, params_only):
-  workdir, cfg, _, state4, _ = trained
+def test_evaluation_and_sampling_read_the_params_alone(trained, params_only, tmp_path):
+  cfg = trained[1]
+  workdir = copy_checkpoints(trained[0], tmp_path)  # evaluation records its score there: not in the shared run
   result = evaluate_checkpoint(cfg, workdir, log=quiet)
   assert result["step"] == 4 and np.isfinite(result["bits"])
   sampled = sample(cfg, workdir, SampleOptions(prompt=b"ab", num_samples=2, max_new_tokens=4), log=quiet)
   assert sampled["step"] == 4 and sampled["tokens"].shape == (2, 4)
-  export = export_params(workdir, workdir.parent / "params_only_export", log=quiet)
+  export = export_params(workdir, tmp_path / "params_only_export", log=quiet)
   assert export["step"] == 4
   assert params_only == [(True, ["params"])] * 3  # each read only the params subtree
 
