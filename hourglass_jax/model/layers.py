@@ -47,8 +47,8 @@ class LayerNorm(nn.Module):
   """nn.LayerNorm(epsilon, dtype) over the last axis, with its parameters ('scale', 'bias': float32 [features],
   logical axis 'embed') and values, whose backward pass keeps only the input and two numbers per row
   (ops/layer_norm.py)."""
-  epsilon: float = 1e-6
-  dtype: jnp.dtype = jnp.float32
+  epsilon: float  # both from the model's settings (layer_norm_eps, compute_dtype), declared there once
+  dtype: jnp.dtype
 
   @nn.compact
   def __call__(self, x):
