@@ -5,7 +5,7 @@ import dataclasses
 import math
 import numbers
 
-from hourglass_jax.model.decode.drafts.base import Draft
+from hourglass_jax.model.decode.drafts.base import DRAFTS, Draft
 from hourglass_jax.model.decode.filters import check_sampling, picker
 
 MAX_DRAFT_TOKENS = 64  # proposals per pass: beyond a few dozen bytes almost none are kept
@@ -17,6 +17,14 @@ def count(name: str, value, low: int, high: int) -> int:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
     raise ValueError(f"{name}={value!r} must be an integer in [{low}, {high}].")
   return int(value)
+
+
+def check_draft(draft) -> None:
+  """ValueError naming the fix unless `draft` is None or a drafts.Draft (a name is turned into one by draft_for)."""
+  if draft is not None and not isinstance(draft, Draft):
+    names = ", ".join(name for name in DRAFTS if name != "model")
+    raise ValueError(f"draft={draft!r} must be None, a draft name ({names}) or a drafts.Draft "
+                     "(drafts.Model(cfg) for a draft model).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +44,7 @@ class Sampling:
   def __post_init__(self):
     check_sampling(self.temperature, self.top_k, self.top_p)
     count("max_new_tokens", self.max_new_tokens, 1, MAX_TOKENS - MAX_DRAFT_TOKENS)
-    if self.draft is not None and not isinstance(self.draft, Draft):
-      raise ValueError(f"draft={self.draft!r} must be None, a draft name ('ngram', 'self', 'model') or a "
-                       "drafts.Draft.")
+    check_draft(self.draft)
     count("draft_tokens", self.draft_tokens, 1, MAX_DRAFT_TOKENS)
     below = self.fallback_below
     if below is not None:

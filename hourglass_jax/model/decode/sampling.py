@@ -12,8 +12,8 @@ import numpy as np
 from hourglass_jax.model.checks import check_tokens
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.decode import fallback, loop
-from hourglass_jax.model.decode.drafts import DRAFTS, Draft
-from hourglass_jax.model.decode.options import MAX_DRAFT_TOKENS, MAX_TOKENS, Sampling, count
+from hourglass_jax.model.decode.drafts import DRAFTS
+from hourglass_jax.model.decode.options import MAX_DRAFT_TOKENS, MAX_TOKENS, Sampling, check_draft, count
 from hourglass_jax.model.decode.steps import check_cache_fits, check_params, unbox_params
 
 __all__ = ["MAX_DRAFT_TOKENS", "Programs", "Sampling", "draft_for", "generate"]
@@ -41,9 +41,7 @@ def draft_for(draft, draft_params, cfg: ModelConfig, draft_tokens: int):
       raise ValueError(f"draft={draft!r} is not a draft name; use one of {names}, or drafts.Model(cfg) with "
                        "draft_params for a draft model.")
     draft = DRAFTS[draft]()
-  if not isinstance(draft, Draft):
-    raise ValueError(f"draft={draft!r} must be None, a draft name ({names}) or a drafts.Draft "
-                     "(drafts.Model(cfg) for a draft model).")
+  check_draft(draft)
   if draft.reads_target and draft_params is not None:
     raise ValueError(f"draft={draft.name!r} drafts with this model's own params; leave draft_params unset.")
   draft.check(cfg, draft_params)
