@@ -3,7 +3,10 @@
 Measured (`generate` called eagerly, `hourglass-sample`): the loop runs in windows, each timed on the host. A window
 of speculative passes and one of plain steps give each mode's seconds per generated token; the faster one runs on
 in longer windows, and while plain decoding runs, a short window of passes re-checks the draft from time to time,
-so a draft that starts to pay (text turning repetitive) comes back.
+so a draft that starts to pay (text turning repetitive) comes back. A re-check comes once the plain decoding since
+the last one took RECHECK_SHARE⁻¹ times what that one lost (its time over what plain steps would have taken for its
+tokens), and after RECHECK plain steps at the soonest: a draft that does not pay costs about RECHECK_SHARE of the
+time besides the first window.
 
 Estimated (generate under your own jit, where nothing can be timed; or a given `fallback_below`): a pass is worth
 `pass_cost` plain steps, so speculation pays above that many tokens per pass. After each WINDOW passes the tokens per
@@ -20,7 +23,8 @@ import jax
 
 WINDOW = 8  # passes judged together
 RECHECK, RECHECK_MAX = 32, 256  # plain steps before the draft is tried again
-PROBE_STEPS = 16  # a measured window of plain steps
+PROBE_STEPS = 8  # the first measured window of plain steps
+RECHECK_SHARE = 0.03  # the share of the plain decoding time that re-checking a slower draft may lose
 GROW_MAX = 128  # the longest measured window
 
 # What a pass proposing 4 tokens (K = 4) costs in plain steps, by backend and batch. CPU: a self-draft pass of
@@ -74,33 +78,40 @@ class Clock:
     return self.seconds[False] / self.iterations[False] if self.iterations[False] else 0.0
 
 
-def measured(advance, state, progress):
+def measured(advance, state, progress, now=time.perf_counter):
   """Runs the decode loop to the end in timed windows (module docstring). `advance(state, speculating, iterations)`
   runs a window; `progress(state)` -> (done, the tokens generated so far over all rows, the rows still generating,
-  the loop's iterations so far), a host read. Returns (state, Clock, the iterations at which it switched to plain
-  decoding, those at which it switched back to speculation)."""
+  the loop's iterations so far), a host read; `now()` reads the clock in seconds. Returns (state, Clock, the
+  iterations at which it switched to plain decoding, those at which it switched back to speculation)."""
   clock, to_plain, to_draft = Clock(), [], []
   done, tokens, active, iterations = progress(state)
   plan = [(True, WINDOW), (False, PROBE_STEPS)]  # both modes measured first
-  size, since_probe, recheck, mode = PROBE_STEPS, 0, RECHECK, True
+  size, mode = PROBE_STEPS, True
+  plain_since, last = 0.0, (0.0, 0.0)  # plain seconds since the draft last ran; its last window's seconds, tokens
   while not done:
+    lost = max(last[0] - last[1] * clock.rate.get(False, 0.0), 0.0)  # ... over plain steps for those tokens
+    due = max(lost / RECHECK_SHARE, RECHECK * clock.seconds_per_step) - plain_since  # seconds to the re-check
     if plan:
       speculating, count = plan.pop(0)
     elif clock.rate.get(True, math.inf) < clock.rate.get(False, math.inf):
-      speculating, count, recheck = True, size, RECHECK
-    elif since_probe >= recheck:  # plain is faster: try the draft again now and then
-      speculating, count, since_probe, recheck = True, WINDOW, 0, min(2 * recheck, RECHECK_MAX)
+      speculating, count = True, size
+    elif due <= 0:  # plain is faster: try the draft again now and then
+      speculating, count = True, WINDOW
     else:
-      speculating, count = False, min(size, recheck - since_probe)
+      speculating, count = False, max(1, min(size, math.ceil(due / max(clock.seconds_per_step, 1e-9))))
     if speculating != mode:
       (to_draft if speculating else to_plain).append(iterations)
       mode = speculating
-    begin = time.perf_counter()
+    begin = now()
     state = advance(state, speculating, count)
+    seconds = now() - begin
     now_done, now_tokens, now_active, now_iterations = progress(state)
-    ran = now_iterations - iterations
-    clock.record(speculating, time.perf_counter() - begin, ran, (now_tokens - tokens) / max(active, 1))
-    since_probe += 0 if speculating else ran
+    ran, gained = now_iterations - iterations, (now_tokens - tokens) / max(active, 1)
+    clock.record(speculating, seconds, ran, gained)
+    if speculating:
+      plain_since, last = 0.0, (seconds, gained)
+    else:
+      plain_since += seconds
     size = size if plan else min(2 * size, GROW_MAX)
     done, tokens, active, iterations = now_done, now_tokens, now_active, now_iterations
   return state, clock, to_plain, to_draft
