@@ -286,3 +286,37 @@ def test_every_n_names_are_parsed_and_checked():
   with pytest.raises(ValueError, match="choose one of whitespace, gumbel, routing, entropy, every<N>"):
     small_config(**DYNAMIC, boundaries="everytwo")
   small_config(**dict(DYNAMIC, hierarchy=TWO_LEVELS), boundaries="gumbel,every2")  # any level
+
+
+@pytest.mark.parametrize("boundaries, checked", [("gumbel", True), ("entropy", True), ("whitespace", False),
+                                                 ("routing", False), ("every4", False)])
+def test_only_the_selected_predictors_settings_are_checked(boundaries, checked):
+  """gumbel_temperature belongs to 'gumbel' (and 'entropy', which borrows it): a bad value is refused where one of
+  them cuts, and left alone where it is not read; the base class's check runs for every predictor."""
+  bad = dict(shorten="dynamic", upsample="repeat", boundaries=boundaries, gumbel_temperature=-1.0)
+  if checked:
+    with pytest.raises(ValueError, match=r"model.gumbel_temperature=-1.0 must be a finite number > 0"):
+      small_config(**bad)
+  else:
+    assert small_config(**bad).boundaries == boundaries
+  with pytest.raises(ValueError, match=r"model.boundary_loss_weight=-1.0 must be a finite number >= 0"):
+    small_config(**dict(bad, gumbel_temperature=0.5, boundary_loss_weight=-1.0))
+
+
+def test_a_predictor_whose_setting_clashes_with_anothers_is_refused_at_registration():
+  """The predictors' settings are one namespace of config keys: a same-name setting with another default would
+  silently replace the first one's, so `register` refuses it and leaves the registry as it was."""
+  from hourglass_jax.model.hourglass.dynamic.predictors import base
+  from hourglass_jax.model.layer_config import setting
+
+  registered = dict(PREDICTORS)
+
+  class Clashing(base.BoundaryPredictor):
+    gumbel_temperature: float = setting(2.0)
+    key = "clashing"
+    module_name = "clashing"
+
+  with pytest.raises(ValueError, match=r"predictor 'clashing': its setting 'gumbel_temperature' clashes with "
+                                       r"'gumbel'.s setting of that name"):
+    base.register(Clashing)
+  assert PREDICTORS == registered

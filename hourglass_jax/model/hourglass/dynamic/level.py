@@ -92,8 +92,9 @@ def check_dynamic_settings(s, prefix: str) -> None:
   check_choice(f"{prefix}segment_pooling", s.segment_pooling, SEGMENT_POOLINGS)
   if not 0 < float(s.segment_capacity) < math.inf:
     raise ValueError(f"{prefix}segment_capacity={s.segment_capacity!r} must be a finite number > 0.")
-  for cls in (BoundaryPredictor, *PREDICTORS.values()):
-    if "check" in vars(cls):
+  selected = [resolve(s.boundaries)] if hasattr(s, "factor") else [predictor for predictor, _ in _levels(s)]
+  for cls in dict.fromkeys(c for predictor in selected for c in reversed(predictor.__mro__)):
+    if "check" in vars(cls):  # the checks of the selected predictors and of the classes they derive from
       cls.check(s, prefix)
   check_segments_fit(s, prefix)
 

@@ -80,6 +80,19 @@ class BoundaryPredictor(nn.Module):
 
 
 def register(cls):
+  """Adds `cls` to PREDICTORS; ValueError when one of its settings has the name of another predictor's with another
+  type, default or meaning (the config keys are one namespace: it would silently replace that one)."""
+  taken = {}  # setting name -> (the first predictor declaring it, its field)
+  for other in (BoundaryPredictor, *PREDICTORS.values()):
+    for f in other.settings():
+      taken.setdefault(f.name, (other, f))
+  for field in cls.settings():
+    other, same = taken.get(field.name, (None, field))
+    if (same.type, same.default, dict(same.metadata)) != (field.type, field.default, dict(field.metadata)):
+      owner = getattr(other, "key", "every predictor")
+      raise ValueError(f"predictor {cls.key!r}: its setting {field.name!r} clashes with {owner!r}'s setting of that "
+                       f"name (type {same.type}, default {same.default!r}); give it another name, or borrow that one "
+                       "with module_fields.")
   PREDICTORS[cls.key] = cls
   return cls
 

@@ -9,7 +9,7 @@ import optax
 
 from hourglass_jax.model.hourglass.dynamic.predictors.base import (BoundaryPredictor, Decision, binomial_prior_loss,
                                                                    previous_rows, register)
-from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import Gumbel
+from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import Gumbel, check_temperature
 from hourglass_jax.model.layer_config import VocabSettings, module_fields
 
 
@@ -30,6 +30,7 @@ class Entropy(module_fields(Gumbel, "gumbel_temperature"), module_fields(VocabSe
   inner = False  # its head predicts the next byte
   inputs = ("next_tokens_BxL",)
   loss_weight = 1.0
+  check = classmethod(lambda cls, level, prefix: check_temperature(level, prefix))
 
   @classmethod
   def from_tokens(cls, cfg, tokens_BxL, targets: bool) -> dict:

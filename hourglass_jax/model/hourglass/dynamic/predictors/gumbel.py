@@ -26,6 +26,12 @@ def evaluation_noise(positions_L):
   return jnp.log(u_L) - jnp.log1p(-u_L)
 
 
+def check_temperature(level, prefix: str) -> None:
+  """The check of `gumbel_temperature`, for the predictors that take it (gumbel, entropy)."""
+  if not 0 < float(level.gumbel_temperature) < math.inf:
+    raise ValueError(f"{prefix}gumbel_temperature={level.gumbel_temperature!r} must be a finite number > 0.")
+
+
 @register
 class Gumbel(BoundaryPredictor):
   """x [B, L, D] -> straight-through boundaries: an MLP's logit at each position; in training a relaxed Bernoulli
@@ -45,8 +51,7 @@ class Gumbel(BoundaryPredictor):
   @classmethod
   def check(cls, level, prefix: str) -> None:
     check_choice(f"{prefix}gumbel_evaluation", level.gumbel_evaluation, GUMBEL_EVALUATIONS)
-    if not 0 < float(level.gumbel_temperature) < math.inf:
-      raise ValueError(f"{prefix}gumbel_temperature={level.gumbel_temperature!r} must be a finite number > 0.")
+    check_temperature(level, prefix)
 
   describe = classmethod(lambda cls, level: f", evaluation '{level.gumbel_evaluation}'")
 
