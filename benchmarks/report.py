@@ -106,7 +106,9 @@ def page(results: pathlib.Path = RESULTS) -> str:
                               drop_blocks=("Speed-ups", "| ratio")),  # ratios of the table's own rows
       tables.markdown_section("Speculative decoding", results / "speculative.md",
                               ".venv/bin/python benchmarks/speculative.py", f"{spec['machine']['cores']} CPU cores",
-                              spec["time"][:10]),
+                              spec["time"][:10], drop=tuple(f"| {corpus} | {batch} | 1 |" for corpus in ("code", "prose")
+                                                            for batch in (1, 16)),  # temperature 1: in the file
+                              drop_blocks=("A self-draft pass", "| batch | pass / step")),
       tables.compile_section(load(results, "compile_time.json")[-1]),
       tables.checkpoint_section(load(results, "checkpoint_integrity.json")[-1]),
       tables.markdown_section("Data pipeline", results / "data_throughput.md",

@@ -284,7 +284,7 @@ def checkpoint_section(entry: dict) -> str:
 _DATE = re.compile(r",? ?\b\d{4}-\d{2}-\d{2}(T[\d:+]+)?")
 
 
-def markdown_section(title: str, path: pathlib.Path, how: str, where: str, when: str, drop: str = "",
+def markdown_section(title: str, path: pathlib.Path, how: str, where: str, when: str, drop: str | tuple = "",
                      drop_blocks: tuple[str, ...] = ()) -> str:
   """A results file its script writes as Markdown, under its own heading (its title line dropped; the date goes to
   the source table; rows starting with `drop`, and paragraphs or tables starting with one of `drop_blocks`, left to

@@ -75,34 +75,34 @@ def targets(record: dict, results: pathlib.Path) -> list[tuple[str, str, str]]:
   for corpus, goal in (("prose", 1.5), ("code", 2.0)):
     row = _self_row(record, corpus, 1)
     speedup = row["self"].get("speedup") if row else None
-    cells.append((f"self-draft, batch 1, greedy, {corpus}: >= {goal}x", show(speedup, ".2f") + "x" * bool(row),
+    cells.append((f"self, batch 1, {corpus}: >= {goal}x", show(speedup, ".2f") + "x" * bool(row),
                   met(speedup, lambda v, goal=goal: v >= goal)))
   for corpus in ("prose", "code"):
     row = _self_row(record, corpus, 1)
     per_pass = row["self"]["tokens_per_pass"] if row else None
-    cells.append((f"self-draft, batch 1, greedy, {corpus}: >= 2.5 bytes per pass", show(per_pass, ".2f"),
+    cells.append((f"self, batch 1, {corpus}: >= 2.5 bytes/pass", show(per_pass, ".2f"),
                   met(per_pass, lambda v: v >= 2.5)))
   cpu = next((r["pass_over_step"] for r in record.get("pass_costs", []) if r["batch"] == 16), None)
-  cells.append(("a K=4 pass at batch 16, CPU: <= 3 plain steps", show(cpu, ".2f"), met(cpu, lambda v: v <= 3)))
+  cells.append(("K=4 pass, batch 16, CPU: <= 3 steps", show(cpu, ".2f"), met(cpu, lambda v: v <= 3)))
   gpu_record = _latest(results, f"{record['args']['name']}_gpu.json")
   gpu = (gpu_record or {}).get("gpu", {}).get("default:self_draft batch 16", {}).get("pass_over_step")
-  cells.append(("a K=4 pass at batch 16, H100 (offline compile): <= 1.5 steps", show(gpu, ".2f"),
+  cells.append(("K=4 pass, batch 16, H100 (offline): <= 1.5 steps", show(gpu, ".2f"),
                 met(gpu, lambda v: v <= 1.5)))
   row = _self_row(record, "code", 16)
   predicted = row["self"]["tokens_per_pass"] / gpu if row and gpu else None
-  cells.append(("predicted batch-16 speed-up on an H100 (CPU bytes per pass / H100 pass cost): >= 1.3x",
+  cells.append(("H100 batch-16 speed-up (predicted): >= 1.3x",
                 show(predicted, ".2f"), met(predicted, lambda v: v >= 1.3)))
   floors = [row[name]["defaults_speedup"] for row in record["rows"] for name in record["args"]["drafts"].split(",")
             if "defaults_speedup" in row.get(name, {})]
   floor = min(floors) if floors else None
-  cells.append(("with the defaults, every measured setting: >= 0.95x", show(floor, ".2f"),
+  cells.append(("defaults, every cell: >= 0.95x", show(floor, ".2f"),
                 met(floor, lambda v: v >= 0.95)))
   heads = {}
   for run in json.loads((results / "draft_heads.json").read_text()) if (results / "draft_heads.json").is_file() else []:
     heads[run["model"]] = run["valid_bits"]
   cost = heads["fixed_avg_heads_last"] - heads["fixed_avg"] if {"fixed_avg", "fixed_avg_heads_last"} <= heads.keys() \
       else None
-  cells.append(("draft heads (last layer) at equal steps: <= +0.02 bits/byte", show(cost, "+.4f"),
+  cells.append(("heads' cost at equal steps: <= +0.02 bits/byte", show(cost, "+.4f"),
                 met(cost, lambda v: v <= HEADS_COST)))
   return cells
 
@@ -355,15 +355,13 @@ def markdown(record: dict, results: pathlib.Path = common.RESULTS) -> str:
   args = record["args"]
   names = args["drafts"].split(",")
   lines = [f"# Speculative decoding\n",
-           f"Target: configs/default.py:self_draft (1.65M parameters and 4 draft heads); draft model: vanilla "
-           f"`2@1`, d 64; each trained {args['steps']} steps per corpus. {args['prompt_bytes']}-byte prompts from "
-           f"the validation split, {args['new_tokens']} new bytes, {args['draft_tokens']} proposals per pass"]
+           f"configs/default.py:self_draft" + (", draft model vanilla `2@1` d 64" if "model" in names else "") +
+           f"; {args['steps']} steps per corpus. {args['prompt_bytes']}-byte prompts, {args['new_tokens']} new "
+           f"bytes, K={args['draft_tokens']}"]
   timed = any("plain_tokens_per_s" in row for row in record["rows"])
   if timed:
-    lines[-1] += (f", medians of {args['rounds']} interleaved rounds. Each draft's cell: new bytes per pass of the "
-                  "target with the fallback off; speed-up (plain time / speculative time); a pass's cost in plain "
-                  "steps (draft included); then the speed-up with generate()'s defaults (the fallback on measured "
-                  "time).\n")
+    lines[-1] += (f", medians of {args['rounds']} rounds. Cell: bytes/pass, speed-up, pass in steps (fallback "
+                  "off); defaults' speed-up.\n")
     lines += [f"| corpus | batch | temperature | plain bytes/s | {' | '.join(names)} | load |",
               "|---|---:|---:|---:|" + "---|" * len(names) + "---:|"]
     cell = lambda r: (f"{r['tokens_per_pass']:.2f}, {r['speedup']:.2f}x, {r['seconds_per_pass_over_step']:.2f}; "
@@ -379,16 +377,15 @@ def markdown(record: dict, results: pathlib.Path = common.RESULTS) -> str:
       lines.append(f"| {row['corpus']} | {row['target']} | {row['tap']} | {row['batch']} | {row['temperature']:g} | "
                    + " | ".join(f"{row[name]['tokens_per_pass']:.2f}" for name in names) + " |")
   if record.get("pass_costs"):
-    lines += ["", "A self-draft pass (greedy, code, fallback off) in plain steps, by batch (fallback.PASS_COSTS' "
-              "CPU row):\n", "| batch | pass / step | bytes per pass |", "|---:|---:|---:|"]
+    lines += ["", "A self-draft pass (greedy, code) in plain steps (fallback.PASS_COSTS' CPU row):\n",
+              "| batch | pass / step | bytes per pass |", "|---:|---:|---:|"]
     lines += [f"| {r['batch']} | {r['pass_over_step']:.2f} | {r['tokens_per_pass']:.2f} |"
               for r in record["pass_costs"]]
   if record.get("gpu"):
     lines += ["", "Compiled for an H100 without one, priced by benchmarks/hlo_kernels.py's roofline:\n",
               "| model | batch | pass / step |", "|---|---:|---:|"]
     lines += [f"| {r['model']} | {r['batch']} | {r['pass_over_step']:.2f} |" for r in record["gpu"].values()]
-  lines += ["", "The targets (greedy self-draft cells: speed-up with the fallback off; the H100's from "
-            f"`{args['name']}_gpu.json`; the heads' cost from `draft_heads.json`, the shortening study's recipe):\n",
+  lines += ["", f"Targets (greedy; `{args['name']}_gpu.json`, `draft_heads.json`):\n",
             "| target | measured | |", "|---|---:|---|"]
   lines += [f"| {target} | {value} | {verdict} |" for target, value, verdict in targets(record, results)]
   return "\n".join(lines) + "\n"

@@ -24,6 +24,11 @@ class DatasetSpec:
   about: str = ""                        # what the data is, in a sentence (the export's model card)
   hub_id: str | None = None              # the same data's Hugging Face Hub dataset id, where one exists
 
+  @property
+  def unit(self) -> str:
+    """What a score is per: 'dim' (bits per dim, an image's channel value) or 'byte'."""
+    return "dim" if self.kind == "image" else "byte"
+
 
 def _imagenet(side: int) -> DatasetSpec:
   size = f"{side}x{side}"

@@ -45,12 +45,12 @@ def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0, pro
              for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
   data = DataSettings.of(evaluator.cfg.data)
-  kind = sources.dataset_kind(data.name)
-  protocol = "images" if kind == "image" else data.eval_protocol
+  dataset = sources.spec(data.name)
+  protocol = "images" if dataset.kind == "image" else data.eval_protocol
   every = pipeline.num_eval_batches(source, evaluator.batch_size, 0)
   return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches, total_batches=every,
               windows=min(len(source), batches * evaluator.batch_size), whole_split=batches >= every,
-              unit="dim" if kind == "image" else "byte", protocol=protocol, metrics=metrics)
+              unit=dataset.unit, protocol=protocol, metrics=metrics)
 
 
 def scope(result: dict) -> str:

@@ -51,7 +51,7 @@ def about_run(workdir, step: int, record: dict, license_id: str | None = None) -
   from the checkpoint's record and the workdir's run files (run_files.py)."""
   data = record.get("data") or {}
   dataset = data.get("name")
-  unit = "dim" if dataset and sources.dataset_kind(dataset) == "image" else "byte"
+  unit = sources.spec(dataset).unit if dataset else "byte"
   seen = [r.get("tokens_seen") for r in run_files.read_metrics(workdir) if r["step"] == step and "tokens_seen" in r]
   tokens = seen[-1] if seen else (step * record["batch_size"] * record["seq_len"] if "batch_size" in record else None)
   scores = {r["split"]: r for r in run_files.read_metrics(workdir)

@@ -128,7 +128,7 @@ class _Run:
     self.trainer, self.perf, self.checkpoints, self.writer, self.metrics_log, self.log = (
         trainer, perf, checkpoints, writer, metrics_log, log)
     self.cfg, self.total, self.record = trainer.cfg, trainer.cfg.train.steps, config_record(trainer.cfg)
-    self.unit = "dim" if sources.dataset_kind(self.cfg.data.name) == "image" else "byte"  # bits per dim for images
+    self.unit = sources.spec(self.cfg.data.name).unit
     self.batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
     self.resumed = restored is not None
     if restored:

@@ -158,17 +158,21 @@ def speculative_pass(params, draft_params, s: State, end_token, cfg: ModelConfig
 
 
 def advance(params, draft_params, s: State, end_token, threshold, iterations, cfg: ModelConfig,
-            options: Sampling) -> State:
+            options: Sampling, only: bool | None = None) -> State:
   """Up to `iterations` iterations of the loop, fewer once every row is done. `threshold`: the fallback rule's
-  tokens per pass (0: the mode stays as `s.speculating` says)."""
+  tokens per pass (0: the mode stays as `s.speculating` says). `only` True / False: every iteration a pass / a
+  plain step (a program without the branch between them: a conditional in the loop costs copies of the cache),
+  for the measured windows and a fallback that never falls back; None: as `s.speculating` says."""
   stop = s.seq_BxS.shape[1] - options.proposals - 1  # limit(prompt length, options): see `start`
   step = functools.partial(plain_step, params, draft_params, end_token=end_token, cfg=cfg, options=options,
                            stop=stop, threshold=threshold)
-  if options.draft is None:
+  spec = functools.partial(speculative_pass, params, draft_params, end_token=end_token, cfg=cfg, options=options,
+                           stop=stop, threshold=threshold)
+  if options.draft is None or only is False:
     body = step
+  elif only:
+    body = spec
   else:
-    spec = functools.partial(speculative_pass, params, draft_params, end_token=end_token, cfg=cfg, options=options,
-                             stop=stop, threshold=threshold)
     body = lambda s: lax.cond(s.speculating, spec, step, s)
   begin = s.passes + s.steps
   running = lambda s: ~jnp.all(s.done_B) & (s.passes + s.steps - begin < iterations)

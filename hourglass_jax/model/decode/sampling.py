@@ -48,11 +48,12 @@ def draft_for(draft, draft_params, cfg: ModelConfig, draft_tokens: int):
   return draft.for_target(cfg, draft_tokens), draft_params
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "options", "pass_cost"))
-def _whole(params, draft_params, prompt_BxP, rng, end_token, threshold, cfg, options, pass_cost):
-  """The whole generation as one program: the loop to the end, the fallback rule on `threshold` tokens per pass."""
+@functools.partial(jax.jit, static_argnames=("cfg", "options", "pass_cost", "only"))
+def _whole(params, draft_params, prompt_BxP, rng, end_token, threshold, cfg, options, pass_cost, only=None):
+  """The whole generation as one program: the loop to the end, the fallback rule on `threshold` tokens per pass
+  (`only` True: passes alone, the threshold 0)."""
   state = loop.start(params, draft_params, prompt_BxP, rng, end_token, cfg, options)
-  state = loop.advance(params, draft_params, state, end_token, threshold, loop.UNLIMITED, cfg, options)
+  state = loop.advance(params, draft_params, state, end_token, threshold, loop.UNLIMITED, cfg, options, only)
   return loop.finish(state, prompt_BxP, end_token, cfg, options, pass_cost)
 
 
@@ -78,31 +79,40 @@ class Programs:
     start = jax.jit(start, **shardings).lower(params, draft_params, prompt_BxP, rng, end_token).compile(
         compiler_options)
 
-    def advance(params, draft_params, state, end_token, threshold, iterations):
-      state = loop.advance(params, draft_params, state, end_token, threshold, iterations, cfg, options)
+    def advance(params, draft_params, state, end_token, iterations, only):
+      state = loop.advance(params, draft_params, state, end_token, jnp.float32(0), iterations, cfg, options, only)
       return state, loop.progress(state)
 
     same = jax.tree.map(lambda info: info.sharding, start.out_info)  # so that each window feeds the next
-    advance = jax.jit(advance, donate_argnums=(2,), out_shardings=same).lower(
-        params, draft_params, start.out_info[0], end_token, jnp.float32(0), jnp.int32(0)).compile(compiler_options)
+    # A program of passes and one of plain steps, each without the branch between them (loop.advance's `only`).
+    advance = {only: jax.jit(functools.partial(advance, only=only), donate_argnums=(2,), out_shardings=same).lower(
+        params, draft_params, start.out_info[0], end_token, jnp.int32(0)).compile(compiler_options)
+        for only in ((False,) if options.draft is None else (True, False))}
     out = {} if self.out_sharding is None else dict(out_shardings=self.out_sharding)
     finish = jax.jit(functools.partial(loop.finish, cfg=cfg, options=options), **out).lower(
-        advance.out_info[0], prompt_BxP, end_token).compile(compiler_options)
+        advance[False].out_info[0], prompt_BxP, end_token).compile(compiler_options)
     return dict(start=start, advance=advance, finish=finish)
 
   def run(self, compiled: dict, params, draft_params, prompt_BxP, rng, end_token, to_host=jax.device_get):
     """(tokens, Stats with the measured pass cost) of the generation in timed windows; `to_host` reads the
     loop's progress (sharding.to_host on a mesh)."""
     read = lambda counts: tuple(value.item() for value in to_host(counts))
+    # On the device once, not at each window: host arrays (a checkpoint's) would be copied in every call.
+    on_device = lambda tree: tree if all(isinstance(a, jax.Array) for a in jax.tree.leaves(tree)) else \
+        jax.device_put(tree)
+    params, draft_params = on_device(params), (params if draft_params is params else on_device(draft_params))
     state, counts = compiled["start"](params, draft_params, prompt_BxP, rng, end_token)
     now = {"progress": read(counts)}
 
     def advance(state, speculating, iterations):
       state = dataclasses.replace(state, speculating=jnp.asarray(speculating))
-      state, counts = compiled["advance"](params, draft_params, state, end_token, jnp.float32(0),
-                                          jnp.int32(iterations))
+      state, counts = compiled["advance"][speculating](params, draft_params, state, end_token,
+                                                       jnp.int32(iterations))
       now["progress"] = read(counts)
       return state
+
+    for speculating in compiled["advance"]:  # each program run once untimed (0 iterations): no first-run costs
+      state = advance(state, speculating, 0)
 
     state, clock, to_plain, to_draft = fallback.measured(advance, state, lambda state: now["progress"])
     tokens, stats = compiled["finish"](state, prompt_BxP, end_token)
@@ -169,7 +179,7 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
     estimate = 1.0 if draft is None else fallback.pass_cost(batch, draft_tokens)
     threshold = estimate if fallback_below is None else fallback_below
     tokens, stats = _whole(params, draft_params, prompt_BxP, key, end, jnp.float32(threshold if draft else 0),
-                           cfg=cfg, options=static, pass_cost=estimate)
+                           cfg=cfg, options=static, pass_cost=estimate, only=True if draft and not threshold else None)
   else:
     args = (params, draft_params, prompt_BxP, key, end)
     leaves, tree = jax.tree.flatten(args)

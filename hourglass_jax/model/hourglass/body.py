@@ -36,7 +36,7 @@ class HourglassSettings:
 
 
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,
-                        padded: int, segment_capacity: float = 1.5, predictors: tuple = ()) -> dict:
+                        padded: int, segment_capacity: float, predictors: tuple = ()) -> dict:
   """Empty cache of an Hourglass body for `batch` sequences of `padded` (a multiple of the total
   factor) entries of its input stream; `predictors`: the dynamic levels', outermost first."""
   num_pre = hierarchy.levels[0][0]
