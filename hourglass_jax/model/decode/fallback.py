@@ -32,7 +32,7 @@ GROW_MAX = 128  # the longest measured window
 # --pass_cost_batches). GPU: the offline compile's roofline estimate for an H100 of the device battery's model
 # (configs/gpu.py, 5@1 24@3 5@1: a pass runs the shortened level, which a step runs once in 3; benchmarks/results/
 # speculative_gpu.json, benchmarks/speculative.py --gpu_estimate). TPUs are taken as GPUs (not measured).
-PASS_COSTS = {"cpu": {1: 3.2, 16: 3.7, 128: 2.6},
+PASS_COSTS = {"cpu": {1: 3.4, 16: 3.8, 128: 2.7},
               "gpu": {1: 1.8, 16: 2.2, 128: 3.0}}
 
 
