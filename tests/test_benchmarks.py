@@ -68,7 +68,7 @@ def test_speculative_benchmark_trains_its_runs_and_times_plain_against_each_draf
     assert row[draft]["same_tokens_as_plain"] and 1 <= row[draft]["tokens_per_pass"] <= 5 and row[draft]["speedup"] > 0
   assert [cost["batch"] for cost in record["pass_costs"]] == [2] and record["pass_costs"][0]["pass_over_step"] > 0
   page = (tmp_path / "speculative.md").read_text()
-  assert "| code | 2 | 0 |" in page and "| self-draft, batch 1, greedy, code: >= 2.0x | - | - |" in page
+  assert "| code | 2 | 0 |" in page and "| self, batch 1, code: >= 2.0x | - | - |" in page
   assert (tmp_path / "runs" / "code_draft" / "checkpoints").is_dir()
 
 
