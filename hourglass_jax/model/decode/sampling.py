@@ -100,7 +100,8 @@ class Programs:
     # On the device once, not at each window: host arrays (a checkpoint's) would be copied in every call.
     on_device = lambda tree: tree if all(isinstance(a, jax.Array) for a in jax.tree.leaves(tree)) else \
         jax.device_put(tree)
-    params, draft_params = on_device(params), (params if draft_params is params else on_device(draft_params))
+    placed = on_device(params)
+    params, draft_params = placed, (placed if draft_params is params else on_device(draft_params))
     state, counts = compiled["start"](params, draft_params, prompt_BxP, rng, end_token)
     now = {"progress": read(counts)}
 
