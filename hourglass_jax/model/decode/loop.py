@@ -161,8 +161,8 @@ def advance(params, draft_params, s: State, end_token, threshold, iterations, cf
             options: Sampling, only: bool | None = None) -> State:
   """Up to `iterations` iterations of the loop, fewer once every row is done. `threshold`: the fallback rule's
   tokens per pass (0: the mode stays as `s.speculating` says). `only` True / False: every iteration a pass / a
-  plain step (a program without the branch between them: a conditional in the loop costs copies of the cache),
-  for the measured windows and a fallback that never falls back; None: as `s.speculating` says."""
+  plain step, a program of that mode alone (the timed windows, whose mode the host sets); None: each as
+  `s.speculating` says."""
   stop = s.seq_BxS.shape[1] - options.proposals - 1  # limit(prompt length, options): see `start`
   step = functools.partial(plain_step, params, draft_params, end_token=end_token, cfg=cfg, options=options,
                            stop=stop, threshold=threshold)

@@ -48,12 +48,11 @@ def draft_for(draft, draft_params, cfg: ModelConfig, draft_tokens: int):
   return draft.for_target(cfg, draft_tokens), draft_params
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "options", "pass_cost", "only"))
-def _whole(params, draft_params, prompt_BxP, rng, end_token, threshold, cfg, options, pass_cost, only=None):
-  """The whole generation as one program: the loop to the end, the fallback rule on `threshold` tokens per pass
-  (`only` True: passes alone, the threshold 0)."""
+@functools.partial(jax.jit, static_argnames=("cfg", "options", "pass_cost"))
+def _whole(params, draft_params, prompt_BxP, rng, end_token, threshold, cfg, options, pass_cost):
+  """The whole generation as one program: the loop to the end, the fallback rule on `threshold` tokens per pass."""
   state = loop.start(params, draft_params, prompt_BxP, rng, end_token, cfg, options)
-  state = loop.advance(params, draft_params, state, end_token, threshold, loop.UNLIMITED, cfg, options, only)
+  state = loop.advance(params, draft_params, state, end_token, threshold, loop.UNLIMITED, cfg, options)
   return loop.finish(state, prompt_BxP, end_token, cfg, options, pass_cost)
 
 
@@ -84,7 +83,7 @@ class Programs:
       return state, loop.progress(state)
 
     same = jax.tree.map(lambda info: info.sharding, start.out_info)  # so that each window feeds the next
-    # A program of passes and one of plain steps, each without the branch between them (loop.advance's `only`).
+    # A program of passes and one of plain steps (loop.advance's `only`): the host picks the mode of each window.
     advance = {only: jax.jit(functools.partial(advance, only=only), donate_argnums=(2,), out_shardings=same).lower(
         params, draft_params, start.out_info[0], end_token, jnp.int32(0)).compile(compiler_options)
         for only in ((False,) if options.draft is None else (True, False))}
@@ -180,7 +179,7 @@ def generate(params, cfg: ModelConfig, prompt_BxP, *, max_new_tokens: int, rng, 
     estimate = 1.0 if draft is None else fallback.pass_cost(batch, draft_tokens)
     threshold = estimate if fallback_below is None else fallback_below
     tokens, stats = _whole(params, draft_params, prompt_BxP, key, end, jnp.float32(threshold if draft else 0),
-                           cfg=cfg, options=static, pass_cost=estimate, only=True if draft and not threshold else None)
+                           cfg=cfg, options=static, pass_cost=estimate)
   else:
     args = (params, draft_params, prompt_BxP, key, end)
     leaves, tree = jax.tree.flatten(args)
