@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from hourglass_jax.config import run_config
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.config import MULTISCALE_KINDS
 from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
@@ -443,9 +444,9 @@ def trained_run(workdir, steps: int = 4, every_steps: int = 2):
 
   cfg = tiny_config(steps=steps, checkpoint=dict(every_steps=every_steps))
   train_and_evaluate(cfg, workdir, log=quiet)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
-    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)))
   assert step == steps
   return cfg, trainer, jax.device_get(state), data_state
 
@@ -464,7 +465,7 @@ def restore_latest(trainer, cfg, directory, read_only: bool = False, **options):
 
   messages = []
   with jax.set_mesh(trainer.mesh), Checkpoints(directory, read_only=read_only, log=messages.append) as checkpoints:
-    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg), **options)
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)), **options)
   return restored, messages
 
 

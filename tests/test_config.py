@@ -118,7 +118,7 @@ def test_every_model_field_can_be_overridden_from_the_command_line(field):
            "segment_capacity": "2.0", "gumbel_temperature": "1.0",
            "boundary_loss_weight": "0.5", "segment_pooling": "linear",
            "gumbel_evaluation": "sample", "draft_heads": "3", "draft_heads_from": "short",
-           "draft_loss_weight": "0.5"}[field]
+           "draft_loss_weight": "0.5", "remat_policy": "dots_saveable"}[field]
   argv = ["prog", f"--config={CONFIGS / 'tiny.py'}", f"--config.model.{field}={other}"]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)

@@ -218,7 +218,7 @@ def test_pod_presets_keep_the_paper_token_budget_and_split_evenly(name):
     assert abs(tokens - paper.train.steps * paper.data.batch_size) <= cfg.data.batch_size / 2
     for count in devices:  # every slice size the docs list divides the mesh and the batch
       data, fsdp, _ = sharding.mesh_shape(cfg.mesh, count)
-      checks.check_batch_split(cfg, data * fsdp, max(1, count // 4))
+      checks.check_batch_split(cfg.data, cfg.train, data * fsdp, max(1, count // 4))
   with pytest.raises(ValueError, match="unknown preset 'v4_32'; choose one of pod, pod_fsdp, pod_tensor"):
     module.get_config("v4_32")
 

@@ -11,11 +11,13 @@ import pytest
 from PIL import Image
 
 from hourglass_jax.cli.sample import SampleOptions, check_options, load_draft, sample
+from hourglass_jax.config import run_config
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model import ModelConfig
 from hourglass_jax.train import model_source
-from hourglass_jax.train.export import export_params
 from hourglass_jax.train.checkpoint_record import check_same_function
 from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.export import export_params
 from hourglass_jax.train.loop import train_and_evaluate
 from tests.helpers import command_env, quiet, tiny_config, train_command
 
@@ -60,8 +62,8 @@ def test_an_export_samples_as_its_checkpoint_with_no_config(text_run, tmp_path):
   and the draws are the checkpoint's; a training workdir without --config is refused in one line."""
   export = tmp_path / "export"
   export_params(text_run, export, log=quiet)
-  expected = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
-  from_export = sample(model_source.export_config(export), str(export), SampleOptions(**TEXT), log=quiet)
+  expected = sample(run_config(tiny_config()), text_run, SampleOptions(**TEXT), log=quiet)
+  from_export = sample(run_config(model_source.export_config(export)), str(export), SampleOptions(**TEXT), log=quiet)
   np.testing.assert_array_equal(from_export["tokens"], expected["tokens"])
   assert from_export["step"] == 2
   entry = [sys.executable, "-c", "from hourglass_jax.cli.main import sample_entry; sample_entry()"]
@@ -192,19 +194,19 @@ def test_a_draft_workdir_without_checkpoints_or_of_another_vocabulary_is_refused
 def test_image_models_complete_images_from_scratch_and_from_real_top_rows(tmp_path):
   cfg = tiny_config(steps=2, data=dict(name="digits", seq_len=64, data_dir=str(tmp_path / "data")))
   train_and_evaluate(cfg, tmp_path / "run", log=quiet)
-  scratch = sample(cfg, tmp_path / "run", SampleOptions(num_samples=3), log=quiet)
+  scratch = sample(run_config(cfg), tmp_path / "run", SampleOptions(num_samples=3), log=quiet)
   assert scratch["images"].shape == (3, 8, 8, 1) and scratch["images"].dtype == np.uint8
   assert scratch["png"].endswith("samples/images_step2.png")
   assert np.asarray(Image.open(scratch["png"])).shape == (8 * (2 * 9 + 1), 8 * (2 * 9 + 1))  # 2x2 grid, scale 8
 
   rows = 3
-  completed = sample(cfg, tmp_path / "run", SampleOptions(num_samples=2, prompt_rows=rows, split="test",
+  completed = sample(run_config(cfg), tmp_path / "run", SampleOptions(num_samples=2, prompt_rows=rows, split="test",
                                                           output=str(tmp_path / "grid.png")), log=quiet)
   assert completed["tokens"].shape == (2, 64 - rows * 8)
   from hourglass_jax.data import sources
-  test_images = sources.make_source(cfg.data, "test", 256, 0)
+  test_images = sources.make_source(DataSettings.of(cfg.data), "test", 256, 0)
   for i, image in enumerate(completed["images"]):
     np.testing.assert_array_equal(image[:rows], test_images.image(i)[:rows])
   assert np.asarray(Image.open(tmp_path / "grid.png")).shape == (8 * (2 * 9 + 1), 8 * (2 * 9 + 1))  # + originals
   with pytest.raises(ValueError, match=r"completing the image after 3 given rows takes 40 tokens"):
-    sample(cfg, tmp_path / "run", SampleOptions(prompt_rows=3, max_new_tokens=10), log=quiet)
+    sample(run_config(cfg), tmp_path / "run", SampleOptions(prompt_rows=3, max_new_tokens=10), log=quiet)
