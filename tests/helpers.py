@@ -388,6 +388,11 @@ def tiny_config(steps: int = 6, **sections) -> ml_collections.ConfigDict:
   return cfg
 
 
+def tiny_run(steps: int = 6, **sections):
+  """tiny_config's RunConfig (what the entry points make of it)."""
+  return run_config(tiny_config(steps, **sections))
+
+
 def free_port() -> int:
   """A TCP port on 127.0.0.1 that nothing listens on (for a coordinator or a local server)."""
   with socket.socket() as s:

@@ -112,9 +112,9 @@ class BlockSettings:
   position: str = setting("rope", function_of=EVERY_KIND)  # POSITIONS: rotary, or Transformer-XL relative biases
   rope_base: float = setting(10_000.0, function_of=EVERY_KIND)  # the rotary frequencies' base
   layer_norm_eps: float = setting(1e-6, function_of=EVERY_KIND)  # added to the variance in every LayerNorm
-  # Execution only (same function, same params): REMAT_POLICIES: what each block keeps for the backward pass,
-  # 'none' (everything: no recomputation), 'nothing_saveable' (least memory: the block is recomputed) or
-  # 'dots_saveable' (its matmul outputs: less recomputation, more memory)
+  # REMAT_POLICIES: what each block keeps for the backward pass (execution only: same function, same params):
+  # everything ('none'), nothing ('nothing_saveable': least memory, the block is recomputed) or its matmul outputs
+  # ('dots_saveable': less recomputation, more memory)
   remat_policy: str = "none"
   scan_unroll: int = 1  # blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled)
 
