@@ -192,15 +192,16 @@ def test_every_n_that_cannot_fit_its_slots_is_refused(hierarchy, boundaries, cap
 
 
 def test_segments_longer_than_the_window_or_a_huge_n_are_refused():
-  from hourglass_jax.train.checks import check_window
   from tests.helpers import load_config
 
-  cfg = ModelConfig.from_dict(load_config("dynamic", "every1000").model)
+  cfg = load_config("dynamic", "every1000")
+  cfg.data.seq_len = 48
   with pytest.raises(ValueError, match=r"model.boundaries='every1000' with model.hierarchy='2@1 4@1000 2@1' needs "
                                        r"segments of 1,000 positions, longer than a window of data.seq_len=48.*"
                                        r"Raise data.seq_len to >= 1,000"):
-    check_window(cfg, 48)
-  check_window(cfg, 1000)
+    run_config(cfg)
+  cfg.data.seq_len = 1000
+  assert run_config(cfg).data.seq_len == 1000
   with pytest.raises(ValueError, match=r"every99999999999999999999.*2 <= N <= 1,048,576 .*got "
                                        r"N=99,999,999,999,999,999,999"):
     load_config("dynamic", "every99999999999999999999")
