@@ -107,8 +107,8 @@ def test_tfds_image_builders_build_from_manual_files_without_tensorflow(tmp_path
     _tar(manual / "valid_32x32.tar", {f"valid_32x32/{i}.png": _png(images[i]) for i in range(1, 5)})
     split = "valid"
   tfds_io.prepare(name, str(tmp_path / "tfds"), str(manual), progress=False)
-  cfg = tiny_config(data=dict(name=name, seq_len=3072, data_dir=str(tmp_path / "tfds"))).data
-  source = sources.make_source(cfg, split, 256, 0, eval_windows=True)
+  data = DataSettings(name=name, seq_len=3072, data_dir=str(tmp_path / "tfds"))
+  source = sources.make_source(data, split, 256, 0, eval_windows=True)
   assert len(source) == 4
   expected = {image.tobytes() for image in images[1:]}  # TFDS stores these two in shuffled order
   assert {source[i][1:].astype(np.uint8).tobytes() for i in range(4)} == expected
