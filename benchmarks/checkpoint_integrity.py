@@ -20,13 +20,14 @@ def _trainer_and_state(model: dict):
   import jax
 
   from hourglass_jax import sharding
+  from hourglass_jax.config import run_config
   from hourglass_jax.train.trainer import Trainer
 
   cfg = load_config("enwik8")
   cfg.model.update(model)
   cfg.data.update(name="synthetic", batch_size=1)
   cfg.mesh.update(data=1)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh, jax.devices()[:1]))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh, jax.devices()[:1]))
   with jax.set_mesh(trainer.mesh):
     state = trainer.init_state()
   return cfg, trainer, jax.block_until_ready(state)
@@ -51,7 +52,7 @@ def main(argv=None):
   print(f"enwik8 train state: {trainer.num_params / 1e6:.1f}M parameters, {state_bytes / 2**20:,.0f} MiB in all "
         f"(load {loadavg()})", flush=True)
   root = tempfile.mkdtemp(dir=args.directory, prefix="ckpt_bench_")
-  record, data = config_record(cfg), {"next_index": 7}
+  record, data = config_record(trainer.run), {"next_index": 7}
   steps = iter(range(1, 10**6))
 
   def save(fingerprints: bool):

@@ -257,7 +257,7 @@ def train_config(preset: str, overrides: dict, dry_run: bool, case: dict | None 
   cfg.data.update(name="synthetic", eval_batches=1)
   cfg.train.update(steps=1_000_000, warmup_steps=10, eval_every=0, sample_bytes=0, grad_accum_steps=1)
   if case and case["remat"]:
-    cfg.train.update(remat=True, remat_policy=case["remat"])
+    cfg.model.remat_policy = case["remat"]
   cfg.checkpoint.update(every_steps=0)
   return cfg
 
@@ -312,7 +312,7 @@ def measure_train(args, keys: list[str], env: dict, clock: Clock, programs: Prog
     try:
       cfg, compiled = programs.get(("train", key), clock.left() - (2 if args.dry_run else 15))
       row.update(batch=cfg.data.batch_size, seq_len=cfg.data.seq_len, dtype=cfg.model.dtype,
-                 attention=attention_kernel(cfg), remat=cfg.train.remat and cfg.train.remat_policy)
+                 attention=attention_kernel(cfg), remat=cfg.model.remat_policy != "none" and cfg.model.remat_policy)
       row.update(compiled[2])
       limit = env.get("memory_limit")
       if limit and row["memory_bytes"] and row["memory_bytes"] > limit:

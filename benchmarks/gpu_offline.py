@@ -42,9 +42,9 @@ from benchmarks import gpu_calibration, hlo_kernels, thunk_census  # noqa: E402
 PRESETS = ("", "large", "dynamic", "fixed")
 # 'preset': the preset's own execution settings (configs/gpu.py EXECUTION); the others override its remat, or
 # bring back its scanned stacks.
-VARIANTS = {"preset": {}, "none": dict(train=dict(remat=False)),
-            "dots": dict(train=dict(remat=True, remat_policy="dots_saveable")),
-            "full": dict(train=dict(remat=True, remat_policy="nothing_saveable")),
+VARIANTS = {"preset": {}, "none": dict(model=dict(remat_policy="none")),
+            "dots": dict(model=dict(remat_policy="dots_saveable")),
+            "full": dict(model=dict(remat_policy="nothing_saveable")),
             "scanned": dict(model=dict(scan_unroll=1))}
 # XLA's GPU target descriptions (xla/backends/gpu/target_config/specs, as Compiler::TargetConfig text): what the
 # compiler reads from a device it cannot query. H200: the H100's SMs and clocks with 141 GB of HBM3e at 4.8 TB/s.
@@ -202,6 +202,12 @@ def _compile_ahead(cfg, mesh, backend, lower_only: bool):
   import jax.numpy as jnp
   from hourglass_jax.train import trainer as trainer_module
 
+  try:
+    from hourglass_jax.config.run import run_config
+  except ImportError:  # an older checkout: its Trainer takes the ConfigDict
+    pass
+  else:
+    cfg = run_config(cfg)
   if hasattr(trainer_module, "compile_ahead") and not lower_only:
     return trainer_module.compile_ahead(cfg, mesh, backend)
   real = jax.default_backend
@@ -241,7 +247,6 @@ def xla_cost(compiled) -> dict:
 def analyse(preset: str, variant: str, args, devices, as_gpu: bool) -> dict:
   from benchmarks.steps import model_flops
   from hourglass_jax.train import metrics
-  from hourglass_jax.train.remat import training_model_config
 
   cfg = step_config(preset, variant, args.dry_run, settings=args.set)
   saved = load_saved(pathlib.Path(args.from_hlo), preset, variant) if args.from_hlo else None
@@ -262,7 +267,7 @@ def analyse(preset: str, variant: str, args, devices, as_gpu: bool) -> dict:
   recorder.annotate(kernel_list)
   record = dict(
       preset=preset, variant=variant, settings=list(args.set),
-      remat_policy=training_model_config(cfg).remat_policy, scan_unroll=cfg.model.get("scan_unroll", 1),
+      remat_policy=cfg.model.remat_policy, scan_unroll=cfg.model.get("scan_unroll", 1),
       batch=cfg.data.batch_size, seq_len=cfg.data.seq_len, params=trainer.num_params, model_flops=model_flops(cfg),
       **compiled_facts, kernels=hlo_kernels.summary(kernel_list), flash_kernels=len(recorder.seen),
       flash_hash_ops=max((f["hash_ops"] for f in recorder.seen.values()), default=0.0))

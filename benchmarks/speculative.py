@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common  # noqa: E402
 from hourglass_jax import files  # noqa: E402
 from hourglass_jax.data import sources  # noqa: E402
+from hourglass_jax.data.settings import DataSettings  # noqa: E402
 from hourglass_jax.model import ModelConfig  # noqa: E402
 from hourglass_jax.model.decode import drafts, fallback, sampling  # noqa: E402
 from hourglass_jax.train.checkpoint import read_params  # noqa: E402
@@ -166,7 +167,7 @@ def trained(corpus: str, role: str, args):
 
 def prompts(cfg, batch: int, length: int) -> np.ndarray:
   """`batch` prompts of `length` bytes, spread over the validation split."""
-  text = sources.split_tokens(cfg.data.name, cfg.data.get("path", ""), "validation", cfg.data.get("data_dir", ""))
+  text = sources.split_tokens(DataSettings.of(cfg.data), "validation")
   starts = np.linspace(0, len(text) - length - 1, batch).astype(int)
   return np.stack([text[s:s + length] for s in starts]).astype(np.int32)
 

@@ -1,6 +1,6 @@
 """The project's real train step, compiled for one config on one device, as a callable to time.
 
-`StepRunner(cfg)` builds `Trainer(cfg, mesh)`, compiles the step ahead of time, reads XLA's cost and memory
+`StepRunner(cfg)` builds `Trainer(run_config(cfg), mesh)`, compiles the step ahead of time, reads XLA's cost and memory
 analyses, creates the state and one synthetic batch; `runner()` then runs one step and waits for it.
 """
 
@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.model import ModelConfig, counting
 from hourglass_jax.train import metrics
 from hourglass_jax.train.trainer import Trainer
@@ -23,7 +24,7 @@ def model_flops(cfg) -> float:
 def compile_step(cfg):
   """(trainer, compiled step, facts) without creating any state: FLOPs and memory come from the compiler."""
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   start = time.perf_counter()
   with jax.set_mesh(mesh):
     compiled = trainer.compile_train_step()

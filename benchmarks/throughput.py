@@ -43,8 +43,9 @@ def parse_args(argv=None):
   parser.add_argument("--lengths", default="512,1024,2048,4096,8192")
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--model", default="", help="model overrides for every case, e.g. dropout=0.0")
-  parser.add_argument("--train", default="", help="train overrides for every case, e.g. remat=True")
+  parser.add_argument("--model", default="", help="model overrides for every case, e.g. dropout=0.0 or "
+                      "remat_policy=nothing_saveable")
+  parser.add_argument("--train", default="", help="train overrides for every case, e.g. grad_accum_steps=2")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--budget_s", type=float, default=900.0, help="wall-time bound of the timed rounds")
   parser.add_argument("--max_step_s", type=float, default=60.0)

@@ -33,7 +33,7 @@ PRESETS = {
 # Execution only (same function, same parameters), per preset, from benchmarks/results/gpu_offline.md: every
 # stack unrolled (scan_unroll=0: no loop bookkeeping, the whole step one CUDA graph; half the kernels of a scanned
 # step) and no remat (with the stacks unrolled, remat dots_saveable estimates slower and every preset fits 80 GB).
-EXECUTION = {preset: dict(scan_unroll=0, remat=False) for preset in PRESETS}
+EXECUTION = {preset: dict(scan_unroll=0, remat_policy="none") for preset in PRESETS}
 
 
 def _enwik8_config():
@@ -52,8 +52,8 @@ def get_config(preset: str = ""):
   cfg = _enwik8_config()
   ratio = cfg.data.batch_size / chosen["batch_size"]
   execution = EXECUTION[preset]
-  cfg.model.update(dtype="bfloat16", scan_unroll=execution["scan_unroll"], **chosen["model"])
-  cfg.train.remat = execution["remat"]
+  cfg.model.update(dtype="bfloat16", scan_unroll=execution["scan_unroll"], remat_policy=execution["remat_policy"],
+                   **chosen["model"])
   if "predictor" in chosen:
     cfg = with_dynamic_shortening(cfg, chosen["predictor"], "gpu")
   cfg.data.batch_size = chosen["batch_size"]

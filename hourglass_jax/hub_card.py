@@ -4,7 +4,7 @@ and a body with usage, the training data, the recipe, the scores and the limitat
 
 import yaml
 
-from hourglass_jax.data import sources
+from hourglass_jax.data import catalog
 
 README_FILE = "README.md"
 _NOT_RECORDED = "not recorded"
@@ -70,7 +70,7 @@ def _data(card: dict) -> str:
   if not name:
     return "The training data was not recorded."
   try:
-    about = sources.spec(name).about
+    about = catalog.spec(name).about
   except ValueError:
     about = ""
   where = f" (`{source}`)" if source else ""

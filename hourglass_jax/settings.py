@@ -28,12 +28,18 @@ class Section:
     """The section as `cls` (checked); keys it does not declare are left to train/checks.py's known-keys check."""
     if isinstance(section, cls):
       return section
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = cls.setting_names()
     return cls(**{key: value for key, value in dict(section.items()).items() if key in names})
 
   @classmethod
+  def setting_names(cls) -> tuple[str, ...]:
+    """The section's settings (its ConfigDict keys): the fields given to it, not those it resolves (init=False)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+  @classmethod
   def defaults(cls) -> dict[str, Any]:
-    return dataclasses.asdict(cls())
+    section = cls()
+    return {name: getattr(section, name) for name in cls.setting_names()}
 
   def __post_init__(self):
     self.check()
@@ -41,7 +47,7 @@ class Section:
   def check(self) -> None:
     """Raises ValueError naming the first setting of a wrong type (a bool is not a number, an int is a float; a
     float must be finite), then whatever the section's `check_values` refuses."""
-    for field in dataclasses.fields(self):
+    for field in (f for f in dataclasses.fields(self) if f.init):
       value, kind = getattr(self, field.name), field.type
       fits = (isinstance(value, bool) if kind is bool else
               isinstance(value, kind) and not isinstance(value, bool) if kind in (int, str) else

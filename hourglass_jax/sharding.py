@@ -2,7 +2,7 @@
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -40,14 +40,30 @@ class MeshSettings(Section):
   rules: tuple = DEFAULT_RULES  # logical axis -> mesh axes (None = replicated), as DEFAULT_RULES
   NAME = "mesh"
 
+  def check_values(self) -> None:
+    """The axis sizes (positive, at most one -1) and the rule table (known logical names and mesh axes), which is
+    kept as a tuple of (name, axes) pairs however the config spelt it (lists from a command line)."""
+    sizes = [getattr(self, name) for name in MESH_AXES]
+    if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
+      described = ", ".join(f"mesh.{n}={s}" for n, s in zip(MESH_AXES, sizes))
+      raise ValueError(f"{described}: each size must be a positive integer, and at most one may be -1 (= the rest "
+                       "of the devices).")
+    rules = tuple((str(name), tuple(axes) if isinstance(axes, list) else axes) for name, axes in self.rules)
+    for name, axes in rules:
+      if name not in LOGICAL_AXES:
+        raise ValueError(f"mesh.rules names logical axis {name!r}; the model uses {', '.join(LOGICAL_AXES)}.")
+      for axis in (axes,) if isinstance(axes, str) or axes is None else axes:
+        if axis is not None and axis not in MESH_AXES:
+          raise ValueError(f"mesh.rules maps {name!r} to mesh axis {axis!r}; mesh axes are "
+                           f"{', '.join(MESH_AXES)}.")
+    object.__setattr__(self, "rules", rules)
 
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
+
+def mesh_shape(mesh: "MeshSettings | Mapping[str, Any]", num_devices: int) -> tuple[int, ...]:
   """Axis sizes with one -1 filled in; raises unless their product is exactly `num_devices`."""
-  sizes = [mesh_cfg[name] for name in MESH_AXES]
+  mesh = MeshSettings.of(mesh)
+  sizes = [getattr(mesh, name) for name in MESH_AXES]
   described = ", ".join(f"mesh.{n}={s}" for n, s in zip(MESH_AXES, sizes))
-  if any(not isinstance(s, int) or s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
-    raise ValueError(f"{described}: each size must be a positive integer, and at most one may be -1 (= the rest "
-                     "of the devices).")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
@@ -60,33 +76,27 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh with axes data, fsdp, tensor in Auto mode (the compiler propagates shardings).
+def make_mesh(mesh: "MeshSettings | Mapping[str, Any]", devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A mesh with axes data, fsdp, tensor in Auto mode (the compiler propagates shardings), from the run's mesh
+  section (a mapping such as dict(data=2, tensor=-1) is read as one: `MeshSettings.of`).
 
   With several processes, the devices are then grouped by process (a stable sort of jax.make_mesh's order, which
   follows the TPU torus and can interleave hosts), so each process holds one contiguous block of batch rows and
   feeds it from its own data shard.
   """
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_cfg, len(devices))
+  shape = mesh_shape(mesh, len(devices))
   axis_types = (AxisType.Auto,) * len(MESH_AXES)
-  mesh = jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+  made = jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
   if len({d.process_index for d in devices}) > 1:
-    by_process = sorted(mesh.devices.flat, key=lambda d: d.process_index)
-    mesh = Mesh(np.array(by_process).reshape(shape), MESH_AXES, axis_types=axis_types)
-  return mesh
+    by_process = sorted(made.devices.flat, key=lambda d: d.process_index)
+    made = Mesh(np.array(by_process).reshape(shape), MESH_AXES, axis_types=axis_types)
+  return made
 
 
-def logical_rules(mesh_cfg) -> tuple[tuple[str, Any], ...]:
-  """The config's rule table as a tuple, checked: known logical names, known mesh axes."""
-  rules = tuple((str(name), tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_cfg.rules)
-  for name, axes in rules:
-    if name not in LOGICAL_AXES:
-      raise ValueError(f"mesh.rules names logical axis {name!r}; the model uses {', '.join(LOGICAL_AXES)}.")
-    for axis in (axes,) if isinstance(axes, str) or axes is None else axes:
-      if axis is not None and axis not in MESH_AXES:
-        raise ValueError(f"mesh.rules maps {name!r} to mesh axis {axis!r}; mesh axes are {', '.join(MESH_AXES)}.")
-  return rules
+def logical_rules(mesh: "MeshSettings | Mapping[str, Any]") -> tuple[tuple[str, Any], ...]:
+  """The mesh section's rule table (checked when the section was made: known logical names, known mesh axes)."""
+  return MeshSettings.of(mesh).rules
 
 
 def tree_shardings(abstract_boxed, mesh: Mesh, rules) -> Any:

@@ -92,6 +92,7 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
   import jax
 
   from hourglass_jax import sharding
+  from hourglass_jax.config import run_config
   from hourglass_jax.train import metrics
   from hourglass_jax.train.trainer import compile_ahead
 
@@ -115,7 +116,7 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
   if split:
     sharding.process_rows = lambda _, batch, __: (0, batch // spec["hosts"])  # only the data feed reads them
   try:  # tpu_attention: 'auto' attention resolves at trace time as on a TPU
-    trainer, compiled, seconds = compile_ahead(cfg, mesh, "tpu" if tpu_attention else None)
+    trainer, compiled, seconds = compile_ahead(run_config(cfg), mesh, "tpu" if tpu_attention else None)
   finally:
     sharding.process_rows = real_rows
   stats = compiled.memory_analysis()
@@ -123,7 +124,8 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
   flops = metrics.cost_flops(compiled)
   result = dict(
       spec, config_data=data_name, mesh=dict(mesh.shape), batch_size=cfg.data.batch_size, seq_len=cfg.data.seq_len,
-      params=trainer.num_params, dtype=cfg.model.dtype, remat=cfg.train.remat, compile_seconds=round(seconds, 1),
+      params=trainer.num_params, dtype=cfg.model.dtype, remat=cfg.model.remat_policy,
+      compile_seconds=round(seconds, 1),
       memory_bytes=needed, argument_bytes=stats.argument_size_in_bytes, temp_bytes=stats.temp_size_in_bytes,
       flops_per_device=flops, fits=needed <= spec["hbm_bytes"], device_kind=devices[0].device_kind,
       hosts_with_split_rows=split, mosaic_kernel_calls=compiled.as_text().count('"tpu_custom_call"'),

@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from hourglass_jax.config import run_config
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.config import MULTISCALE_KINDS
 from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
@@ -387,6 +388,11 @@ def tiny_config(steps: int = 6, **sections) -> ml_collections.ConfigDict:
   return cfg
 
 
+def tiny_run(steps: int = 6, **sections):
+  """tiny_config's RunConfig (what the entry points make of it)."""
+  return run_config(tiny_config(steps, **sections))
+
+
 def free_port() -> int:
   """A TCP port on 127.0.0.1 that nothing listens on (for a coordinator or a local server)."""
   with socket.socket() as s:
@@ -443,9 +449,9 @@ def trained_run(workdir, steps: int = 4, every_steps: int = 2):
 
   cfg = tiny_config(steps=steps, checkpoint=dict(every_steps=every_steps))
   train_and_evaluate(cfg, workdir, log=quiet)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
-    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)))
   assert step == steps
   return cfg, trainer, jax.device_get(state), data_state
 
@@ -464,7 +470,7 @@ def restore_latest(trainer, cfg, directory, read_only: bool = False, **options):
 
   messages = []
   with jax.set_mesh(trainer.mesh), Checkpoints(directory, read_only=read_only, log=messages.append) as checkpoints:
-    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg), **options)
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)), **options)
   return restored, messages
 
 

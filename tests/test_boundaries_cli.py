@@ -11,6 +11,7 @@ import pytest
 
 from hourglass_jax import sharding
 from hourglass_jax.cli.boundaries import marked, show
+from hourglass_jax.config import run_config
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.hourglass import WHITESPACE_BYTES
 from hourglass_jax.testing import random_variables
@@ -42,9 +43,9 @@ def test_a_training_workdir_is_read_directly_and_quietly(tmp_path, caplog):
   """--workdir reads the newest checkpoint (its params and recorded model), no export needed, without Orbax's
   warnings that the reader opened it read-only; either flag takes either kind of folder."""
   cfg = tiny_config(model=dict(DYNAMIC, boundaries="whitespace", dropout=0.0))
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh), Checkpoints(tmp_path / "checkpoints", log=quiet) as checkpoints:
-    checkpoints.save(3, trainer.init_state(), {"next_index": 0}, config_record(cfg), force=True)
+    checkpoints.save(3, trainer.init_state(), {"next_index": 0}, config_record(run_config(cfg)), force=True)
   caplog.set_level(logging.WARNING)
   text, cuts = show(None, TEXT, workdir=tmp_path)
   assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train import integrity
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
@@ -107,7 +108,7 @@ def test_checkpoints_without_fingerprints_restore_only_when_allowed(trained, tmp
   (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints", read_only=True)
   assert step == 2 and any("records no fingerprints" in m and "cannot be verified" in m for m in messages)
   with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append) as checkpoints:
-    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg), allow_unverified=True)
+    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)), allow_unverified=True)
   assert step == 4 and any("records no fingerprints" in m and "without verifying" in m for m in messages)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), state4)
 
@@ -131,10 +132,10 @@ def test_fingerprints_see_every_bit_and_not_the_mesh():
 
 def _zero_hourglass_checkpoint(tmp_path):
   cfg = tiny_config(**HOURGLASS)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   state = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=a.sharding), trainer.abstract)
   with jax.set_mesh(trainer.mesh), Checkpoints(tmp_path / "checkpoints", 0, 2) as checkpoints:
-    checkpoints.save(5, state, {"next_index": 5}, config_record(cfg), force=True)
+    checkpoints.save(5, state, {"next_index": 5}, config_record(run_config(cfg)), force=True)
   return cfg
 
 
@@ -146,9 +147,9 @@ def test_settings_that_change_the_function_but_no_shape_are_refused_by_train_and
   with pytest.raises(ValueError, match=message):
     train_and_evaluate(cfg, tmp_path, log=quiet)  # before compiling
   with pytest.raises(ValueError, match=message):
-    evaluate_checkpoint(cfg, tmp_path, log=quiet)
+    evaluate_checkpoint(run_config(cfg), tmp_path, log=quiet)
   cfg.checkpoint.allow_settings_change = True  # on purpose: the parameters are loaded into the changed model
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh), Checkpoints(tmp_path / "checkpoints", read_only=True, log=quiet) as checkpoints:
-    assert checkpoints.restore_latest(trainer.abstract, config_record(cfg), True)[2] == 5
+    assert checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)), True)[2] == 5
   assert not (tmp_path / "lock").exists()

@@ -1,3 +1,4 @@
+import ast
 import collections
 import dataclasses
 import importlib
@@ -118,7 +119,7 @@ def test_every_model_field_can_be_overridden_from_the_command_line(field):
            "segment_capacity": "2.0", "gumbel_temperature": "1.0",
            "boundary_loss_weight": "0.5", "segment_pooling": "linear",
            "gumbel_evaluation": "sample", "draft_heads": "3", "draft_heads_from": "short",
-           "draft_loss_weight": "0.5"}[field]
+           "draft_loss_weight": "0.5", "remat_policy": "dots_saveable"}[field]
   argv = ["prog", f"--config={CONFIGS / 'tiny.py'}", f"--config.model.{field}={other}"]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
@@ -188,3 +189,92 @@ def test_every_model_setting_is_declared_once():
     scales: str = "16,4,1"
 
   assert declarations(classes | {Planted})["scales"] == ["MultiScaleSettings", Planted.__qualname__]
+
+
+SECTIONS = ("model", "data", "train", "mesh", "checkpoint")
+# The flag layer: the config skeleton, presets and --help_config (config/), and the entry points that own --config.
+FLAG_LAYER = ("config/", "cli/main.py")
+# Where a ConfigDict may still be named: the flag layer, export_config (an export folder's config for the readers)
+# and train_and_evaluate's entry, which makes the RunConfig of a ConfigDict a Python caller passes.
+CONFIG_DICT_HOMES = (*FLAG_LAYER, "train/model_source.py", "train/loop.py")
+
+
+def _config_holder(node) -> bool:
+  """`cfg`, `self.cfg`, `_CONFIG.value`, `config`...: an expression that names a config dict."""
+  if isinstance(node, ast.Attribute) and node.attr == "value":
+    node = node.value
+  name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+  return "cfg" in name.lower() or "config" in name.lower()
+
+
+def raw_section_reads(source: str) -> list[int]:
+  """Lines reading a section of a config dict: `cfg.data...`, `trainer.cfg.train...`, `cfg["mesh"]`."""
+  lines = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Attribute) and node.attr in SECTIONS and _config_holder(node.value):
+      lines.append(node.lineno)
+    elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in SECTIONS
+          and isinstance(node.value, ast.Name) and "cfg" in node.value.id.lower()):
+      lines.append(node.lineno)
+  return lines
+
+
+def test_no_part_past_the_entry_points_reads_the_config_dict():
+  """The ConfigDict lives in configs/*.py and the flag layer: past the entry points every part reads the RunConfig
+  or its own section, never `cfg.<section>.<key>`, and only the flag layer (and the two entries that turn a
+  caller's ConfigDict into a RunConfig) imports ml_collections. The scan sees a planted read."""
+  package = pathlib.Path(__file__).resolve().parents[1] / "hourglass_jax"
+  found, importers = [], []
+  for path in sorted(package.rglob("*.py")):
+    name = path.relative_to(package).as_posix()
+    source = path.read_text()
+    if not name.startswith(FLAG_LAYER):
+      found += [f"{name}:{line}" for line in raw_section_reads(source)]
+    if not name.startswith(CONFIG_DICT_HOMES) and re.search(r"^\s*(import|from) ml_collections", source, re.M):
+      importers.append(name)
+  assert not found, f"raw config-dict section reads outside the flag layer: {found}"
+  assert not importers, f"modules past the entry points that import ml_collections: {importers}"
+  assert raw_section_reads("def f(trainer):\n  return trainer.cfg.data.seq_len, cfg['mesh']\n") == [2, 2]
+  assert raw_section_reads("def f(run):\n  return run.data.seq_len, run.mesh.rules\n") == []
+
+
+def test_the_run_config_is_made_once_typed_frozen_and_checked():
+  """run_config makes every section its typed class (the data section with its dataset resolved, the mesh rules
+  checked), is frozen, hands a RunConfig back as it is, and refuses a bad setting in one line; the trainer refuses a
+  ConfigDict, naming the function that makes a RunConfig."""
+  from hourglass_jax.config import RunConfig, run_config
+  from hourglass_jax.sharding import MeshSettings
+  from hourglass_jax.train.trainer import Trainer
+  from tests.helpers import tiny_config
+
+  cfg = tiny_config(data=dict(name="digits", seq_len=64), mesh=dict(rules=[["batch", ["data", "fsdp"]]]))
+  run = run_config(cfg)
+  assert isinstance(run, RunConfig) and run_config(run) is run
+  assert [type(getattr(run, s)) for s in SECTIONS] == [ModelConfig, DataSettings, TrainSettings, MeshSettings,
+                                                       CheckpointSettings]
+  assert run.data.spec.kind == "image" and run.data.spec.image_shape == (8, 8, 1) and run.data.spec.unit == "dim"
+  assert run.mesh.rules == (("batch", ("data", "fsdp")),)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    run.data.seq_len = 128
+  for section, change, message in (
+      ("data", dict(name="wikitext"), r"^data.name='wikitext' is unknown; choose one of stdlib_text, "),
+      ("mesh", dict(rules=[["tokens", None]]), r"^mesh.rules names logical axis 'tokens'; the model uses batch, "),
+      ("mesh", dict(fsdp=0), r"^mesh.data=-1, mesh.fsdp=0, mesh.tensor=1: each size must be a positive integer"),
+      ("train", dict(grad_accum_steps=3), r"^data.batch_size=8 is not divisible by train.grad_accum_steps=3"),
+      ("train", dict(remat=True), r"^train.remat is not a known setting")):
+    with pytest.raises(ValueError, match=message):
+      run_config(tiny_config(**{section: change}))
+  with pytest.raises(TypeError, match=r"Trainer takes a RunConfig, not a ConfigDict: make one with "
+                                      r"hourglass_jax.config.run_config\(cfg\)"):
+    Trainer(cfg, None)
+
+
+def test_each_setting_of_the_run_config_is_declared_in_one_section():
+  """No setting name is declared by two sections (remat_policy was the model's and the train section's)."""
+  from hourglass_jax.sharding import MeshSettings
+
+  owners = collections.defaultdict(list)
+  for section, cls in zip(SECTIONS, (ModelConfig, DataSettings, TrainSettings, MeshSettings, CheckpointSettings)):
+    for field in dataclasses.fields(cls):
+      owners[field.name].append(section)
+  assert {name: where for name, where in owners.items() if len(where) > 1} == {}

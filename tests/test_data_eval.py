@@ -1,13 +1,17 @@
 """Eval protocols score every predicted byte of a split exactly once (non-overlapping windows, sliding W/2, the
 paper's long-context 6784 + 128), through the eval iterator's per-process rows and through evaluate()."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.data import pipeline, sources
 from hourglass_jax.data.eval_windows import ScoredWindows, protocol_context
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import tiny_config
@@ -63,7 +67,7 @@ def test_eval_rows_over_processes_cover_each_byte_once():
 ])
 def test_bad_eval_settings_are_named(data, message):
   with pytest.raises(ValueError, match=message):
-    sources.check_data_config(tiny_config(data=data).data, 256)
+    sources.check_data_config(DataSettings.of(tiny_config(data=data).data), 256)
 
 
 def test_an_eval_window_longer_than_the_split_is_reported(tmp_path):
@@ -71,7 +75,7 @@ def test_an_eval_window_longer_than_the_split_is_reported(tmp_path):
   path.write_bytes(bytes(range(200)) * 5)  # valid split: 50 bytes
   cfg = tiny_config(data=dict(name="text_file", path=str(path), seq_len=16, eval_seq_len=64))
   with pytest.raises(ValueError, match=r"valid split .*\(50 bytes\) is shorter than one eval window \+ 1 = 65"):
-    sources.make_source(cfg.data, "valid", 256, 0, eval_windows=True)
+    sources.make_source(DataSettings.of(cfg.data), "valid", 256, 0, eval_windows=True)
 
 
 def test_evaluate_scores_the_whole_split_once_under_each_protocol(tmp_path):
@@ -79,12 +83,14 @@ def test_evaluate_scores_the_whole_split_once_under_each_protocol(tmp_path):
   path.write_bytes(np.random.default_rng(0).integers(32, 127, 4000, dtype=np.uint8).tobytes())  # valid: 200 bytes
   cfg = tiny_config(data=dict(name="text_file", path=str(path), seq_len=16), mesh=dict(data=1))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  run = run_config(cfg)
+  trainer = Trainer(run, mesh)
   results = {}
   with jax.set_mesh(mesh):
     params = trainer.init_state().params
     for protocol, extra in (("windows", {}), ("sliding", {}), ("long_context", dict(eval_seq_len=24, eval_context=20))):
-      cfg.data.update(dict(dict(eval_seq_len=0, eval_context=0), eval_protocol=protocol, **extra))
+      data = dataclasses.replace(run.data, **dict(dict(eval_seq_len=0, eval_context=0), eval_protocol=protocol, **extra))
+      trainer.run = dataclasses.replace(run, data=data)  # the same compiled trainer, scoring under another protocol
       results[protocol] = evaluate(trainer, params, "valid")
   for protocol, result in results.items():
     assert result["tokens"] == 199 and result["whole_split"] and result["protocol"] == protocol

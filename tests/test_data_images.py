@@ -13,6 +13,7 @@ from PIL import Image
 
 from hourglass_jax.data import pipeline, sources, tfds_io
 from hourglass_jax.data.images import images_to_tokens, save_png_grid, tokens_to_images
+from hourglass_jax.data.settings import DataSettings
 from tests.helpers import tiny_config
 
 
@@ -46,8 +47,8 @@ def test_digits_are_an_offline_image_dataset_of_whole_sequences(tmp_path):
 
   images, _ = load_digits()
   cfg = tiny_config(data=dict(name="digits", seq_len=64, data_dir=str(tmp_path)))
-  sources.check_data_config(cfg.data, 256)
-  splits = {s: sources.make_source(cfg.data, s, 256, 0) for s in ("train", "valid", "test")}
+  sources.check_data_config(DataSettings.of(cfg.data), 256)
+  splits = {s: sources.make_source(DataSettings.of(cfg.data), s, 256, 0) for s in ("train", "valid", "test")}
   assert [len(s) for s in splits.values()] == [1617, 90, 90]
   item = splits["valid"][3]
   assert item.shape == (65,) and item[0] == 0
@@ -55,19 +56,19 @@ def test_digits_are_an_offline_image_dataset_of_whole_sequences(tmp_path):
   tokens, weights = next(pipeline.eval_iterator(splits["test"], 8, (0, 8)))
   assert tokens.shape == (8, 65) and weights.shape == (8, 64) and weights.all()
   with pytest.raises(ValueError, match=r"digits images are 8x8x1 = 64 values; set data.seq_len=64"):
-    sources.check_data_config(tiny_config(data=dict(name="digits", seq_len=63)).data, 256)
+    sources.check_data_config(DataSettings.of(tiny_config(data=dict(name="digits", seq_len=63)).data), 256)
 
 
 def test_tfds_image_datasets_read_through_the_same_path(tmp_path, monkeypatch):
   cfg = tiny_config(data=dict(name="cifar10", seq_len=3072, eval_split="test", data_dir=str(tmp_path)))
-  sources.check_data_config(cfg.data, 256)
+  sources.check_data_config(DataSettings.of(cfg.data), 256)
   with tfds.testing.mock_data(num_examples=4), monkeypatch.context() as patch:
     patch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
-    source = sources.make_source(cfg.data, "test", 256, 0, eval_windows=True)
+    source = sources.make_source(DataSettings.of(cfg.data), "test", 256, 0, eval_windows=True)
     assert len(source) == 4 and source[0].shape == (3073,)
     np.testing.assert_array_equal(source[1][1:], images_to_tokens(source.image(1)[None])[0])
   with pytest.raises(FileNotFoundError, match=r"'cifar10' is not prepared under .*hourglass-data prepare cifar10"):
-    sources.make_source(cfg.data, "train", 256, 0)
+    sources.make_source(DataSettings.of(cfg.data), "train", 256, 0)
 
 
 def _tar(path, members: dict, mode: str = "w"):
@@ -106,8 +107,8 @@ def test_tfds_image_builders_build_from_manual_files_without_tensorflow(tmp_path
     _tar(manual / "valid_32x32.tar", {f"valid_32x32/{i}.png": _png(images[i]) for i in range(1, 5)})
     split = "valid"
   tfds_io.prepare(name, str(tmp_path / "tfds"), str(manual), progress=False)
-  cfg = tiny_config(data=dict(name=name, seq_len=3072, data_dir=str(tmp_path / "tfds"))).data
-  source = sources.make_source(cfg, split, 256, 0, eval_windows=True)
+  data = DataSettings(name=name, seq_len=3072, data_dir=str(tmp_path / "tfds"))
+  source = sources.make_source(data, split, 256, 0, eval_windows=True)
   assert len(source) == 4
   expected = {image.tobytes() for image in images[1:]}  # TFDS stores these two in shuffled order
   assert {source[i][1:].astype(np.uint8).tobytes() for i in range(4)} == expected

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data import pipeline, sources, tfds_io
+from hourglass_jax.data.settings import DataSettings
 from tests.helpers import tiny_config
 
 
@@ -19,7 +20,7 @@ def text_source(tmp_path_factory):
     (folder / f"{i}.txt").write_bytes(rng.integers(0, 256, 400 + 100 * i, dtype=np.uint8).tobytes())
   tfds_io.prepare("text_files", str(root / "tfds"), str(folder), builder_kwargs=dict(chunk_bytes=64), progress=False)
   cfg = tiny_config(data=dict(name="text_files", data_dir=str(root / "tfds"), seq_len=16, train_stride=0))
-  return sources.make_source(cfg.data, "train", 256, 0)
+  return sources.make_source(DataSettings.of(cfg.data), "train", 256, 0)
 
 
 def _rows(batches):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data import embedded, sources, tfds_io
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.data.text_files import find_documents, split_documents, split_warning
 
 
@@ -30,7 +31,7 @@ def test_folder_splits_by_document_deterministically_with_exact_bytes(tmp_path):
     indices = [i for i, _, _ in ranges[split]]
     assert indices == sorted(indices) and indices
     expected = b"".join(docs[sorted(docs)[i]] for i in indices)
-    assert sources.split_tokens("text_files", "", split, data_dir).tobytes() == expected
+    assert sources.split_tokens(DataSettings(name="text_files", data_dir=data_dir), split).tobytes() == expected
     seen += indices
   assert sorted(seen) == list(range(len(docs)))  # every document in exactly one split
   total = sum(map(len, docs.values()))
@@ -42,14 +43,15 @@ def test_fewer_than_three_documents_split_by_bytes(tmp_path):
   (tmp_path / "one.txt").write_bytes(text)
   data_dir = str(tmp_path / "tfds")
   tfds_io.prepare("text_files", data_dir, str(tmp_path / "one.txt"), progress=False)
-  parts = [sources.split_tokens("text_files", "", s, data_dir).tobytes() for s in ("train", "valid", "test")]
+  data = DataSettings(name="text_files", data_dir=data_dir)
+  parts = [sources.split_tokens(data, s).tobytes() for s in ("train", "valid", "test")]
   assert parts == [text[:921], text[921:972], text[972:]]
 
 
 def test_embedded_corpus_is_the_stdlib_sources_split_by_file(tmp_path):
   files = embedded.stdlib_source_files()
   data_dir = str(tmp_path / "tfds")
-  splits = {s: sources.split_tokens("stdlib_text", "", s, data_dir) for s in ("train", "valid", "test")}
+  splits = {s: sources.split_tokens(DataSettings(data_dir=data_dir), s) for s in ("train", "valid", "test")}
   ranges = split_documents([f.name for f in files], [f.stat().st_size for f in files])
   for split, name in (("train", "train"), ("valid", "validation"), ("test", "test")):
     expected = b"".join(files[i].read_bytes() for i, _, _ in ranges[name])

@@ -42,7 +42,7 @@ def test_presets_decoding_and_the_hook_come_before_the_ablations():
   vanilla = device_check.train_config("", device_check.TRAIN_CASES["vanilla"]["model"], False)
   assert (vanilla.model.kind, vanilla.model.hierarchy) == ("vanilla", "34@1")  # 5 + 24 + 5 layers
   remat = device_check.train_config("", {}, False, device_check.TRAIN_CASES["remat_dots"])
-  assert remat.train.remat and remat.train.remat_policy == "dots_saveable"
+  assert remat.model.remat_policy == "dots_saveable"
   small = device_check.train_config("", {}, False, device_check.TRAIN_CASES["attention_xla"])
   assert small.data.batch_size == 8
 

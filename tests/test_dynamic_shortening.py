@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
+from hourglass_jax.data import pipeline, sources
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model import build_model
 from hourglass_jax.model.hourglass import whitespace_boundaries
-from hourglass_jax.testing import causality_violations, random_variables
-from hourglass_jax.data import pipeline, sources
 from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import evaluation_noise
+from hourglass_jax.testing import causality_violations, random_variables
 from hourglass_jax.train import loop
 from hourglass_jax.train.evaluate import describe, evaluate
 from hourglass_jax.train.metrics import boundary_rates_apart
@@ -147,7 +149,7 @@ def test_the_entropy_head_learns_to_predict_the_next_token():
 def test_the_train_step_adds_the_boundary_prior_and_reports_the_rates():
   cfg = tiny_config(model=dict(dropout=0.0, kind="hourglass", **DYNAMIC, boundaries="gumbel"), mesh=dict(data=1))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh):
     state = trainer.init_state()
     batch = trainer.global_array(next(trainer.train_iterator()))
@@ -165,7 +167,7 @@ def test_evaluation_reports_the_boundary_rate_it_decoded_with():
   input bytes in the boundary set, batch by batch."""
   cfg = tiny_config(model=dict(kind="hourglass", **DYNAMIC, boundaries="whitespace"), mesh=dict(data=1))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh):
     result = evaluate(trainer, trainer.init_state().params, cfg.data.eval_split, 2)
   source = trainer.eval_source(cfg.data.eval_split)
@@ -186,12 +188,13 @@ def test_evaluation_rates_count_the_real_windows_and_not_the_last_batchs_padding
     path = tmp_path / f"corpus{size}.txt"
     path.write_bytes((text * 6)[:size])
     cfg.data.path = str(path)
-    source = sources.make_source(cfg.data, cfg.data.eval_split, cfg.model.vocab_size, 0, eval_windows=True)
+    source = sources.make_source(DataSettings.of(cfg.data), cfg.data.eval_split, cfg.model.vocab_size, 0,
+                                 eval_windows=True)
     if len(source) == 9 and np.count_nonzero(source[8]) > 40:
       break
   assert len(source) == 9 and np.count_nonzero(source[8]) > 40
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh):
     result = evaluate(trainer, trainer.init_state().params, cfg.data.eval_split)
   rows = np.stack([source[i][:-1] for i in range(len(source))])
@@ -242,7 +245,7 @@ def test_the_train_step_adds_the_weighted_ratio_loss_for_routing():
     cfg = tiny_config(model=dict(dropout=0.0, kind="hourglass", **DYNAMIC, boundaries="routing",
                                  boundary_loss_weight=weight), mesh=dict(data=1))
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    trainer = Trainer(cfg, mesh)
+    trainer = Trainer(run_config(cfg), mesh)
     with jax.set_mesh(mesh):
       _, metrics = trainer.train_step(trainer.init_state(), trainer.global_array(next(trainer.train_iterator())))
     return {name: float(value) for name, value in metrics.items()}
@@ -255,7 +258,7 @@ def test_the_train_step_adds_the_weighted_ratio_loss_for_routing():
 def test_only_models_that_sow_losses_report_an_auxiliary_loss():
   cfg = tiny_config(mesh=dict(data=1))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh):
     _, metrics = trainer.train_step(trainer.init_state(), trainer.global_array(next(trainer.train_iterator())))
   assert set(metrics) == {"loss", "grad_norm", "update_norm", "learning_rate"}

@@ -15,6 +15,7 @@ import safetensors.numpy
 import yaml
 
 from hourglass_jax import hub_card, weights
+from hourglass_jax.config import run_config
 from hourglass_jax.train import model_source, run_files
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
@@ -153,9 +154,9 @@ def test_eval_scores_an_export_as_it_scores_its_checkpoint(exported_run, tmp_pat
   card and the data from --config, and nothing written into the folder."""
   workdir, cfg, _, exported, _ = exported_run
   before = sorted(p.name for p in exported.iterdir())
-  from_workdir = evaluate_checkpoint(cfg, str(workdir), "valid", log=quiet, max_batches=2)
+  from_workdir = evaluate_checkpoint(run_config(cfg), str(workdir), "valid", log=quiet, max_batches=2)
   lines = []
-  from_export = evaluate_checkpoint(model_source.export_config(exported, cfg), str(exported), "valid",
+  from_export = evaluate_checkpoint(run_config(model_source.export_config(exported, cfg)), str(exported), "valid",
                                     log=lines.append, max_batches=2, record=True)
   assert from_export["step"] == 4 and from_export["loss"] == from_workdir["loss"]
   done = run([sys.executable, "-c", "from hourglass_jax.cli.main import eval_entry; eval_entry()",

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from hourglass_jax import generation, sharding
+from hourglass_jax.cli.sample import SampleOptions, sample
+from hourglass_jax.config import run_config
 from hourglass_jax.model import HourglassLM, ModelConfig, build_model
 from hourglass_jax.model import decode
 from hourglass_jax.model.decode import sampling
-from hourglass_jax.cli.sample import SampleOptions, sample
 from hourglass_jax.testing import random_variables
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import SAMPLE_TEMPERATURE, end_of_run_sample, train_and_evaluate
@@ -27,9 +28,9 @@ def sampled_run(tmp_path_factory):
   cfg = tiny_config(steps=2, train=dict(sample_bytes=SAMPLE_BYTES))
   workdir, lines = tmp_path_factory.mktemp("sampled_run"), []
   summary = train_and_evaluate(cfg, workdir, log=lines.append)
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=lines.append) as saved:
-    state, _, step = saved.restore_latest(trainer.abstract, config_record(cfg))
+    state, _, step = saved.restore_latest(trainer.abstract, config_record(run_config(cfg)))
   assert step == 2
   return cfg, workdir, summary, lines, trainer, state.params
 
@@ -53,7 +54,7 @@ def test_end_of_run_sample_is_the_cached_generation_of_its_prompt(sampled_run):
   # hourglass-sample on the final checkpoint, with the trainer's prompt, seed and temperature: the same bytes.
   options = SampleOptions(prompt=prompt, num_samples=1, max_new_tokens=SAMPLE_BYTES, seed=cfg.train.seed,
                           temperature=SAMPLE_TEMPERATURE, max_len=len(prompt) + SAMPLE_BYTES)
-  assert sample(cfg, workdir, options, log=quiet)["texts"] == [prompt + summary["sample"]]
+  assert sample(run_config(cfg), workdir, options, log=quiet)["texts"] == [prompt + summary["sample"]]
 
 
 def test_end_of_run_sample_runs_generate_and_no_full_forward(sampled_run, monkeypatch):
@@ -70,7 +71,7 @@ def test_end_of_run_sample_runs_generate_and_no_full_forward(sampled_run, monkey
   real = sampling.generate
   monkeypatch.setattr(sampling, "generate", spy)
   monkeypatch.setattr(HourglassLM, "__call__", no_full_forward)
-  assert end_of_run_sample(cfg, trainer, params) == (summary["sample_prompt"], summary["sample"])
+  assert end_of_run_sample(trainer, params) == (summary["sample_prompt"], summary["sample"])
   assert calls == [SAMPLE_BYTES]  # one cached generation of every byte, traced once
 
 
@@ -79,13 +80,14 @@ import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train.loop import end_of_run_sample
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import tiny_config
 cfg = tiny_config(train=dict(sample_bytes=int(sys.argv[3])))
-trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
 with jax.set_mesh(trainer.mesh):
-  prompt, sample = end_of_run_sample(cfg, trainer, trainer.init_state().params)
+  prompt, sample = end_of_run_sample(trainer, trainer.init_state().params)
 print(json.dumps({"prompt": prompt.hex(), "sample": sample.hex()}))
 """
 
@@ -98,7 +100,7 @@ def test_two_processes_draw_the_same_end_of_run_sample_as_generate():
   assert reports[0] == reports[1]
 
   cfg = tiny_config()
-  trainer = Trainer(cfg, sharding.make_mesh(cfg.mesh))
+  trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
   with jax.set_mesh(trainer.mesh):
     params = jax.device_get(trainer.init_state().params)  # the same draws from train.seed on any mesh
   prompt = bytes.fromhex(reports[0]["prompt"])

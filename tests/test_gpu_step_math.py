@@ -20,7 +20,7 @@ from jax._src.ad_checkpoint import saved_residuals
 from benchmarks import device_check
 from hourglass_jax.model import build_model, layers
 from hourglass_jax.ops import dropout as dropout_module
-from hourglass_jax.train.remat import training_model_config
+from hourglass_jax.config import run_config
 from hourglass_jax.train.step import token_losses_and_sown
 
 BATCH = 2
@@ -39,7 +39,7 @@ def flax_layer_norm(x, scale, bias, epsilon, dtype):
 def preset_model(preset: str, dtype: str = "float32"):
   """The preset's model at device_check's dry-run size, with the preset's remat policy and scan unroll."""
   cfg = device_check.train_config(preset, dict(dtype=dtype), dry_run=True)
-  return training_model_config(cfg), cfg.data.seq_len
+  return run_config(cfg).model, cfg.data.seq_len
 
 
 def tokens_for(model_cfg, length: int):

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from hourglass_jax.config import run_config
 from hourglass_jax.train.checkpoint import FORMAT_KEY, Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.export import export_params
@@ -104,7 +105,7 @@ def test_evaluation_beside_a_pruning_run_reads_the_newer_checkpoint(trained, tmp
   messages = []
   with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append,
                                                read_only=True) as checkpoints:
-    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)))
   assert step == 6 and pruned, messages
   assert any("step 4" in m and "was removed while being read" in m and "reading step 6 instead" in m
              for m in messages), messages
@@ -151,7 +152,7 @@ def test_two_records_that_disagree_fall_back_to_the_intact_step(trained, tmp_pat
                                        r"10000.0, config 500.0"):
     with jax.set_mesh(trainer.mesh), Checkpoints(copy / "checkpoints", log=messages.append,
                                                  read_only=True) as checkpoints:
-      checkpoints.restore_latest(trainer.abstract, config_record(changed))
+      checkpoints.restore_latest(trainer.abstract, config_record(run_config(changed)))
   assert any(all(part in m for part in disagree) for m in messages), messages
   (_, _, step), messages = restore_latest(trainer, cfg, copy / "checkpoints")
   assert step == 2 and any(all(part in m for part in disagree) and "falling back to step 2" in m

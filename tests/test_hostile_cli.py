@@ -18,7 +18,7 @@ from hourglass_jax.cli.sample import SampleOptions, check_kind_options, prompt_b
 from hourglass_jax.model import build_model
 from hourglass_jax.model.decode import unbox_params
 from hourglass_jax.weights import save_params
-from tests.helpers import run_plot, small_config
+from tests.helpers import run_plot, small_config, tiny_run
 
 
 def _boundaries(*args) -> str:
@@ -91,10 +91,9 @@ def test_sample_refuses_what_would_overflow_before_restoring(tmp_path, options, 
   """Issue 55: --seed=1e20 (an OverflowError) and --num_samples=100000000 (out of memory after 13 s) end at once,
   naming the limit: the workdir is not even read."""
   from hourglass_jax.cli.sample import sample
-  from tests.helpers import tiny_config
 
   with pytest.raises(ValueError, match=message):
-    sample(tiny_config(), tmp_path / "never_read", options)
+    sample(tiny_run(), tmp_path / "never_read", options)
 
 
 def test_a_prompt_file_is_read_no_further_than_the_context(tmp_path):

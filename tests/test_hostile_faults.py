@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax import files, paths
+from hourglass_jax.config import run_config
 from hourglass_jax.train import preemption, run_files
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
@@ -342,7 +343,7 @@ def test_a_full_disk_during_training_ends_in_one_line_and_keeps_the_last_checkpo
     assert not os.path.lexists(workdir / "lock")
     assert max(r["step"] for r in run_files.read_metrics(workdir)) < 8  # stopped at the failed save
     with jax.set_mesh(trainer.mesh), Checkpoints(workdir / "checkpoints", read_only=True, log=quiet) as checkpoints:
-      state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+      state, _, step = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)))
     assert step == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), saved)
 

@@ -8,6 +8,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from hourglass_jax.cli.sample import SampleOptions, sample
+from hourglass_jax.config import run_config
 from hourglass_jax.data import sources
 from hourglass_jax.train import trainer as trainer_lib
 from hourglass_jax.train.checks import TrainError
@@ -49,9 +50,9 @@ def params_only(monkeypatch):
 def test_evaluation_and_sampling_read_the_params_alone(trained, params_only, tmp_path):
   cfg = trained[1]
   workdir = copy_checkpoints(trained[0], tmp_path)  # evaluation records its score there: not in the shared run
-  result = evaluate_checkpoint(cfg, workdir, log=quiet)
+  result = evaluate_checkpoint(run_config(cfg), workdir, log=quiet)
   assert result["step"] == 4 and np.isfinite(result["bits"])
-  sampled = sample(cfg, workdir, SampleOptions(prompt=b"ab", num_samples=2, max_new_tokens=4), log=quiet)
+  sampled = sample(run_config(cfg), workdir, SampleOptions(prompt=b"ab", num_samples=2, max_new_tokens=4), log=quiet)
   assert sampled["step"] == 4 and sampled["tokens"].shape == (2, 4)
   export = export_params(workdir, tmp_path / "params_only_export", log=quiet)
   assert export["step"] == 4
@@ -73,7 +74,7 @@ def test_params_are_verified_like_the_whole_state(trained, tmp_path):
   metadata["custom_metadata"]["fingerprints"]["params/head/bias"] = "00000000"
   metadata_file.write_text(json.dumps(metadata))
   messages = []
-  assert evaluate_checkpoint(cfg, copy, log=messages.append)["step"] == 2
+  assert evaluate_checkpoint(run_config(cfg), copy, log=messages.append)["step"] == 2
   assert any("checkpoint step 4" in m and "fails its integrity check: 1 of its arrays differ" in m
              and "params/head/bias" in m and "skipping and falling back to step 2" in m for m in messages), messages
   assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["2", "4"]  # read-only: nothing moved

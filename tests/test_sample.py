@@ -11,13 +11,15 @@ import pytest
 from PIL import Image
 
 from hourglass_jax.cli.sample import SampleOptions, check_options, load_draft, sample
+from hourglass_jax.config import run_config
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model import ModelConfig
 from hourglass_jax.train import model_source
-from hourglass_jax.train.export import export_params
 from hourglass_jax.train.checkpoint_record import check_same_function
 from hourglass_jax.train.checks import TrainError
+from hourglass_jax.train.export import export_params
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.helpers import command_env, quiet, tiny_config, train_command
+from tests.helpers import command_env, quiet, tiny_config, tiny_run, train_command
 
 # The shared one-layer config (tiny_config = helpers.FLAGS), so the command line and in-process calls agree.
 TEXT = dict(prompt=b"def ", num_samples=3, max_new_tokens=24, temperature=0.8, top_k=40, seed=3)
@@ -43,15 +45,15 @@ def test_sample_command_prints_the_samples_the_library_draws_for_the_seed(text_r
   assert b"step 2: 3 samples x 24 tokens" in out.stdout and b"tokens/s" in out.stdout
   printed = [chunk.split(b" ---\n", 1)[1][:-1] for chunk in out.stdout.split(b"--- sample ")[1:]]
 
-  first = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
+  first = sample(tiny_run(), text_run, SampleOptions(**TEXT), log=quiet)
   assert first["step"] == 2 and first["tokens"].shape == (3, 24)
   assert printed == first["texts"]  # the same draws in another process
   assert all(text.startswith(b"def ") and len(text) == 4 + 24 for text in first["texts"])
   assert len(set(first["texts"])) == 3  # the rows are independent draws
 
-  again = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
+  again = sample(tiny_run(), text_run, SampleOptions(**TEXT), log=quiet)
   np.testing.assert_array_equal(again["tokens"], first["tokens"])
-  other = sample(tiny_config(), text_run, SampleOptions(**dict(TEXT, seed=4)), log=quiet)
+  other = sample(tiny_run(), text_run, SampleOptions(**dict(TEXT, seed=4)), log=quiet)
   assert not np.array_equal(other["tokens"], first["tokens"])
 
 
@@ -60,8 +62,8 @@ def test_an_export_samples_as_its_checkpoint_with_no_config(text_run, tmp_path):
   and the draws are the checkpoint's; a training workdir without --config is refused in one line."""
   export = tmp_path / "export"
   export_params(text_run, export, log=quiet)
-  expected = sample(tiny_config(), text_run, SampleOptions(**TEXT), log=quiet)
-  from_export = sample(model_source.export_config(export), str(export), SampleOptions(**TEXT), log=quiet)
+  expected = sample(run_config(tiny_config()), text_run, SampleOptions(**TEXT), log=quiet)
+  from_export = sample(run_config(model_source.export_config(export)), str(export), SampleOptions(**TEXT), log=quiet)
   np.testing.assert_array_equal(from_export["tokens"], expected["tokens"])
   assert from_export["step"] == 2
   entry = [sys.executable, "-c", "from hourglass_jax.cli.main import sample_entry; sample_entry()"]
@@ -79,7 +81,7 @@ def test_an_export_samples_as_its_checkpoint_with_no_config(text_run, tmp_path):
 
 def test_end_byte_cuts_each_text_after_it(text_run):
   end = 32
-  result = sample(tiny_config(), text_run, SampleOptions(**dict(TEXT, end_byte=end)), log=quiet)
+  result = sample(tiny_run(), text_run, SampleOptions(**dict(TEXT, end_byte=end)), log=quiet)
   for text, row in zip(result["texts"], result["tokens"]):
     hits = np.flatnonzero(row == end)
     if hits.size:
@@ -96,14 +98,14 @@ def test_end_byte_cuts_each_text_after_it(text_run):
 ])
 def test_bad_input_is_refused_before_anything_compiles(text_run, options, error, match):
   with pytest.raises(error, match=match):
-    sample(tiny_config(), text_run, SampleOptions(**dict(dict(prompt=b"ab"), **options)), log=quiet)
+    sample(tiny_run(), text_run, SampleOptions(**dict(dict(prompt=b"ab"), **options)), log=quiet)
 
 
 def test_workdir_without_a_checkpoint_and_a_mismatched_config_are_refused(text_run, tmp_path):
   with pytest.raises(FileNotFoundError, match=r"no checkpoint under .*train first with hourglass-train"):
-    sample(tiny_config(), tmp_path, SampleOptions(prompt=b"ab"), log=quiet)
+    sample(tiny_run(), tmp_path, SampleOptions(prompt=b"ab"), log=quiet)
   with pytest.raises(TrainError, match=r"different model shape \(model.d_model: checkpoint 32, config 64\)"):
-    sample(tiny_config(model=dict(d_model=64)), text_run, SampleOptions(prompt=b"ab"), log=quiet)
+    sample(tiny_run(model=dict(d_model=64)), text_run, SampleOptions(prompt=b"ab"), log=quiet)
   # Settings that leave every shape alone but change the function are caught from the checkpoint's metadata.
   saved = dict(tiny_config(model=dict(kind="hourglass", hierarchy="1@1 1@2 1@1")).model)
   with pytest.raises(ValueError, match=r"model.hierarchy: checkpoint '1@1 1@2 1@1', config '1@1 1@3 1@1'"):
@@ -148,19 +150,19 @@ def test_speculative_sampling_gives_the_plain_samples_with_any_draft(text_run, t
   tokens; the run reports its passes and tokens per pass; an export drafts as its workdir does. By default 2
   samples speculate too (the fallback on measured time), and the report says what it did."""
   greedy = dict(TEXT, temperature=0.0, num_samples=2)
-  plain = sample(tiny_config(), text_run, SampleOptions(**greedy), log=quiet)
+  plain = sample(tiny_run(), text_run, SampleOptions(**greedy), log=quiet)
   lines = []
   for draft in ("ngram", str(text_run)):
-    result = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=draft, draft_tokens=3, fallback_below=0),
+    result = sample(tiny_run(), text_run, SampleOptions(**greedy, draft=draft, draft_tokens=3, fallback_below=0),
                     log=lines.append)
     np.testing.assert_array_equal(result["tokens"], plain["tokens"], err_msg=draft)
   # The run drafting for itself keeps all 3 proposals of every pass: 23 tokens after the prefill's in 6 passes.
   assert "6 passes of 3.83 tokens, 0 plain steps" in lines[-1], lines[-1]
   export_params(text_run, tmp_path / "export", log=quiet)
-  exported = sample(tiny_config(), text_run, SampleOptions(**greedy, draft=str(tmp_path / "export"), fallback_below=0),
+  exported = sample(tiny_run(), text_run, SampleOptions(**greedy, draft=str(tmp_path / "export"), fallback_below=0),
                     log=quiet)
   np.testing.assert_array_equal(exported["tokens"], plain["tokens"])
-  default = sample(tiny_config(), text_run, SampleOptions(**greedy, draft="ngram"), log=lines.append)
+  default = sample(tiny_run(), text_run, SampleOptions(**greedy, draft="ngram"), log=lines.append)
   np.testing.assert_array_equal(default["tokens"], plain["tokens"])
   assert re.search(r"\(ngram, 4 proposals per pass\): [1-9][0-9,]* passes of [0-9.]+ tokens, [0-9,]+ plain steps.*"
                    r"a pass costs [0-9.]+ plain steps \((measured|estimated)\): [0-9.]+x plain decoding", lines[-1]), \
@@ -177,13 +179,13 @@ def test_speculative_sampling_gives_the_plain_samples_with_any_draft(text_run, t
 ])
 def test_bad_drafts_are_refused_before_anything_compiles(text_run, options, match):
   with pytest.raises(ValueError, match=match):
-    sample(tiny_config(), text_run, SampleOptions(prompt=b"ab", **options), log=quiet)
+    sample(tiny_run(), text_run, SampleOptions(prompt=b"ab", **options), log=quiet)
 
 
 def test_a_draft_workdir_without_checkpoints_or_of_another_vocabulary_is_refused(text_run, tmp_path):
   (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
   with pytest.raises(ValueError, match=r"--draft=.*empty: no checkpoint under"):
-    sample(tiny_config(), text_run, SampleOptions(prompt=b"ab", draft=str(tmp_path / "empty")), log=quiet)
+    sample(tiny_run(), text_run, SampleOptions(prompt=b"ab", draft=str(tmp_path / "empty")), log=quiet)
   with pytest.raises(ValueError, match=r"the draft model's vocab_size=256 differs from the target's 300"):
     load_draft(str(text_run), ModelConfig(**dict(tiny_config().model, vocab_size=300)))
 
@@ -192,19 +194,19 @@ def test_a_draft_workdir_without_checkpoints_or_of_another_vocabulary_is_refused
 def test_image_models_complete_images_from_scratch_and_from_real_top_rows(tmp_path):
   cfg = tiny_config(steps=2, data=dict(name="digits", seq_len=64, data_dir=str(tmp_path / "data")))
   train_and_evaluate(cfg, tmp_path / "run", log=quiet)
-  scratch = sample(cfg, tmp_path / "run", SampleOptions(num_samples=3), log=quiet)
+  scratch = sample(run_config(cfg), tmp_path / "run", SampleOptions(num_samples=3), log=quiet)
   assert scratch["images"].shape == (3, 8, 8, 1) and scratch["images"].dtype == np.uint8
   assert scratch["png"].endswith("samples/images_step2.png")
   assert np.asarray(Image.open(scratch["png"])).shape == (8 * (2 * 9 + 1), 8 * (2 * 9 + 1))  # 2x2 grid, scale 8
 
   rows = 3
-  completed = sample(cfg, tmp_path / "run", SampleOptions(num_samples=2, prompt_rows=rows, split="test",
+  completed = sample(run_config(cfg), tmp_path / "run", SampleOptions(num_samples=2, prompt_rows=rows, split="test",
                                                           output=str(tmp_path / "grid.png")), log=quiet)
   assert completed["tokens"].shape == (2, 64 - rows * 8)
   from hourglass_jax.data import sources
-  test_images = sources.make_source(cfg.data, "test", 256, 0)
+  test_images = sources.make_source(DataSettings.of(cfg.data), "test", 256, 0)
   for i, image in enumerate(completed["images"]):
     np.testing.assert_array_equal(image[:rows], test_images.image(i)[:rows])
   assert np.asarray(Image.open(tmp_path / "grid.png")).shape == (8 * (2 * 9 + 1), 8 * (2 * 9 + 1))  # + originals
   with pytest.raises(ValueError, match=r"completing the image after 3 given rows takes 40 tokens"):
-    sample(cfg, tmp_path / "run", SampleOptions(prompt_rows=3, max_new_tokens=10), log=quiet)
+    sample(run_config(cfg), tmp_path / "run", SampleOptions(prompt_rows=3, max_new_tokens=10), log=quiet)

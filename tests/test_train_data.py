@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.data import pipeline, sources
+from hourglass_jax.data.settings import DataSettings
 from tests.helpers import tiny_config
 
 
@@ -17,7 +18,8 @@ def test_windows_cover_the_split_at_the_stride():
 def test_text_splits_are_disjoint_and_ordered(tmp_path):
   path = tmp_path / "corpus.txt"
   path.write_bytes(bytes(range(256)) * 40)
-  train, valid, test = (sources.split_tokens("text_file", str(path), s) for s in ("train", "valid", "test"))
+  data = DataSettings(name="text_file", path=str(path))
+  train, valid, test = (sources.split_tokens(data, s) for s in ("train", "valid", "test"))
   assert np.concatenate([train, valid, test]).tobytes() == path.read_bytes()
   assert (len(train), len(valid), len(test)) == (9216, 512, 512)
 
@@ -26,8 +28,9 @@ def test_text_file_source(tmp_path):
   path = tmp_path / "corpus.txt"
   path.write_bytes(bytes(range(256)) * 40)
   cfg = tiny_config(data=dict(name="text_file", path=str(path), seq_len=16))
-  sources.check_data_config(cfg.data, 256)
-  source = sources.make_source(cfg.data, "valid", 256, 0, eval_windows=True)  # bytes [9216, 9728) of 10240
+  data = DataSettings.of(cfg.data)
+  sources.check_data_config(data, 256)
+  source = sources.make_source(data, "valid", 256, 0, eval_windows=True)  # bytes [9216, 9728) of 10240
   assert len(source) == 32  # non-overlapping windows, the last one padded: all 511 predicted bytes are scored
   assert sum(source.weights(i).sum() for i in range(len(source))) == 511
   np.testing.assert_array_equal(source[1], np.arange(16, 33))
@@ -59,4 +62,4 @@ def test_eval_batches_pad_the_last_batch_with_the_last_window_at_zero_weight():
 def test_a_split_shorter_than_a_window_is_reported():
   cfg = tiny_config(data=dict(seq_len=10_000_000))
   with pytest.raises(ValueError, match="shorter than data.seq_len"):
-    sources.make_source(cfg.data, "valid", 256, 0)
+    sources.make_source(DataSettings.of(cfg.data), "valid", 256, 0)

@@ -4,6 +4,7 @@ import jax
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train import metrics
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.trainer import Trainer
@@ -38,7 +39,7 @@ def test_bad_settings_raise_before_compiling(sections, mesh_cfg, message):
   if mesh_cfg:
     cfg.mesh.update(mesh_cfg)
   with pytest.raises((ValueError, FileNotFoundError), match=message):
-    Trainer(cfg, sharding.make_mesh(cfg.mesh))
+    Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
 
 
 @pytest.mark.parametrize("size, message", [
@@ -51,7 +52,7 @@ def test_a_corpus_too_small_for_a_batch_or_an_eval_window_is_refused_before_comp
   path.write_bytes(bytes(range(100)) * (size // 100) + bytes(size % 100))  # valid: bytes [0.9, 0.95) of the file
   cfg = tiny_config(data=dict(name="text_file", path=str(path)))
   with pytest.raises(ValueError, match=message):
-    Trainer(cfg, sharding.make_mesh(cfg.mesh))
+    Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))
 
 
 @pytest.mark.parametrize("override, message", [
@@ -83,5 +84,6 @@ def test_mesh_fill_and_rules():
 
 def test_a_step_larger_than_device_memory_is_refused():
   metrics.check_memory(2**30, None)  # CPU reports no limit: nothing to check
-  with pytest.raises(TrainError, match=r"needs 2.00 GiB per device but the device has 1.00 GiB.*train.remat=True"):
+  with pytest.raises(TrainError, match=r"needs 2.00 GiB per device but the device has 1.00 GiB.*"
+                                       r"model.remat_policy=nothing_saveable"):
     metrics.check_memory(2**31, 2**30)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import DiskFullError, TrainError
 from hourglass_jax.train.loop import train_and_evaluate
@@ -138,7 +139,7 @@ def test_divergence_right_after_resuming_names_the_checkpoint_as_suspect(tmp_pat
 
 def _trainer_and_zero_state(cfg):
   mesh = sharding.make_mesh(cfg.mesh)
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   state = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=a.sharding), trainer.abstract)
   return trainer, mesh, state
 
@@ -151,7 +152,7 @@ def test_checkpoint_of_another_configuration_is_refused_before_compiling(tmp_pat
   cfg = tiny_config()
   trainer, mesh, state = _trainer_and_zero_state(cfg)
   with jax.set_mesh(mesh), Checkpoints(tmp_path / "checkpoints", 0, 2) as checkpoints:
-    checkpoints.save(5, state, {"next_index": 5}, config_record(cfg), force=True)
+    checkpoints.save(5, state, {"next_index": 5}, config_record(run_config(cfg)), force=True)
   cfg[section].update(change)
   with pytest.raises(TrainError, match=message + r".*new --workdir.*left untouched"):
     train_and_evaluate(cfg, tmp_path, log=quiet)
@@ -162,7 +163,7 @@ def test_full_disk_names_the_problem_and_keeps_earlier_checkpoints(tmp_path, mon
   cfg = tiny_config()
   trainer, mesh, state = _trainer_and_zero_state(cfg)
   with jax.set_mesh(mesh), Checkpoints(tmp_path / "checkpoints", 0, 2) as checkpoints:
-    checkpoints.save(1, state, {"next_index": 1}, config_record(cfg), force=True)
+    checkpoints.save(1, state, {"next_index": 1}, config_record(run_config(cfg)), force=True)
     checkpoints.wait()
 
     def no_space(*args, **kwargs):
@@ -171,7 +172,7 @@ def test_full_disk_names_the_problem_and_keeps_earlier_checkpoints(tmp_path, mon
     monkeypatch.setattr(checkpoints.manager, "save", no_space)
     with pytest.raises(DiskFullError, match=r"saving checkpoint step 2 .* \(no space left on device\); checkpoint "
                                             r"step 1 is intact. Free disk space"):
-      checkpoints.save(2, state, {"next_index": 2}, config_record(cfg), force=True)
+      checkpoints.save(2, state, {"next_index": 2}, config_record(run_config(cfg)), force=True)
   assert (tmp_path / "checkpoints" / "1" / "state").is_dir()
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import tiny_config
 
@@ -24,7 +25,7 @@ STEPS = 5
 def _train(model: dict) -> tuple[list[float], object]:
   cfg = tiny_config(model=model, mesh=dict(data=1))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh):
     state = trainer.init_state()
     batch = trainer.global_array(next(trainer.train_iterator()))

@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 
+from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.data.sources import split_tokens
 from hourglass_jax.train.loop import train_and_evaluate
 from tests.helpers import HOURGLASS, optimized_programs, quiet, tiny_config  # noqa: F401  (autouse: 100 steps)
@@ -19,7 +20,7 @@ def test_small_hourglass_beats_the_unigram_entropy_by_20_percent(tmp_path):
   cfg.data.eval_batches = 32
   result = train_and_evaluate(cfg, tmp_path, devices=jax.devices()[:1], log=quiet)
   # The bytes the evaluation scored: non-overlapping windows from the start of the split.
-  scored = split_tokens("stdlib_text", "", "valid")[:cfg.data.eval_batches * cfg.data.batch_size * cfg.data.seq_len + 1]
+  scored = split_tokens(DataSettings(), "valid")[:cfg.data.eval_batches * cfg.data.batch_size * cfg.data.seq_len + 1]
   entropy = _unigram_bits(scored)
   assert 4.0 < entropy < 5.0
   assert result["losses"][1] / np.log(2) > entropy  # starts worse than counting bytes

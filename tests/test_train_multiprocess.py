@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.loop import train_and_evaluate
 from hourglass_jax.train.trainer import Trainer
@@ -31,9 +32,9 @@ print(json.dumps({"order": [d.process_index for d in interleaved], "losses": sum
 
 def _params(cfg, workdir):
   mesh = sharding.make_mesh(cfg.mesh)
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh), Checkpoints(workdir / "checkpoints", 0, 2) as checkpoints:
-    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(cfg))
+    state, data_state, step = checkpoints.restore_latest(trainer.abstract, config_record(run_config(cfg)))
   return jax.device_get(state.params), data_state, step
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train import metrics
 from hourglass_jax.train.optimizer import decay_mask, make_optimizer, make_schedule
 from hourglass_jax.train.trainer import Trainer
@@ -52,10 +53,10 @@ def test_remat_keeps_the_step_and_lowers_memory():
   """Three scanned blocks: the scan stores each block's activations for the backward pass unless remat recomputes
   them (nothing_saveable) or keeps only the matmul outputs (dots_saveable)."""
   results = []
-  for remat, policy in ((False, "nothing_saveable"), (True, "nothing_saveable"), (True, "dots_saveable")):
-    cfg = tiny_config(train=dict(remat=remat, remat_policy=policy), mesh=dict(data=1), model=dict(hierarchy="3@1"))
+  for policy in ("none", "nothing_saveable", "dots_saveable"):
+    cfg = tiny_config(mesh=dict(data=1), model=dict(hierarchy="3@1", remat_policy=policy))
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    trainer = Trainer(cfg, mesh)
+    trainer = Trainer(run_config(cfg), mesh)
     with jax.set_mesh(mesh):
       compiled = trainer.compile_train_step()
       state = trainer.init_state()
@@ -72,6 +73,6 @@ def test_remat_keeps_the_step_and_lowers_memory():
 
 
 def test_an_unknown_remat_policy_is_refused_before_compiling():
-  cfg = tiny_config(train=dict(remat=True, remat_policy="everything"), mesh=dict(data=1))
-  with pytest.raises(ValueError, match=r"train.remat_policy='everything'; choose one of .*dots_saveable"):
-    Trainer(cfg, sharding.make_mesh(cfg.mesh, jax.devices()[:1]))
+  cfg = tiny_config(model=dict(remat_policy="everything"), mesh=dict(data=1))
+  with pytest.raises(ValueError, match=r"model.remat_policy='everything' is not supported; choose one of .*dots_sav"):
+    run_config(cfg)

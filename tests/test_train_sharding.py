@@ -6,6 +6,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from hourglass_jax import sharding
+from hourglass_jax.config import run_config
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import HOURGLASS, tiny_config
 
@@ -15,7 +16,7 @@ STEPS = 3
 def _run(cfg, devices, state0=None):
   """Losses and final state after STEPS steps from `state0` (placed onto this mesh) on the config's batches."""
   mesh = sharding.make_mesh(cfg.mesh, devices)
-  trainer = Trainer(cfg, mesh)
+  trainer = Trainer(run_config(cfg), mesh)
   with jax.set_mesh(mesh):
     state = trainer.init_state() if state0 is None else jax.device_put(state0, trainer.shardings)
     state0 = jax.device_get(state) if state0 is None else state0

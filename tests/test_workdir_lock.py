@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hourglass_jax.config import run_config
 from hourglass_jax.train import workdir_lock
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.evaluate import evaluate_checkpoint
@@ -48,7 +49,8 @@ def test_a_live_run_refuses_a_second_writer_but_not_readers(tmp_path, live_pid):
     train_and_evaluate(tiny_config(steps=4), tmp_path, log=quiet)
   assert json.loads((tmp_path / "lock").read_text()) == record  # untouched
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
-  assert evaluate_checkpoint(tiny_config(steps=2), tmp_path, log=quiet)["step"] == 2  # a reader is not refused
+  reader = evaluate_checkpoint(run_config(tiny_config(steps=2)), tmp_path, log=quiet)
+  assert reader["step"] == 2  # a reader is not refused
 
 
 @pytest.mark.parametrize("holder, reason", [

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax import sharding, xla_options
+from hourglass_jax.config import run_config
 from hourglass_jax.train.trainer import Trainer
 from tests.helpers import tiny_config
 
@@ -33,7 +34,7 @@ def _compiled_train_step(dtype: str) -> tuple[dict, str]:
   cfg = tiny_config(steps=2, model=dict(dtype=dtype))
   mesh = sharding.make_mesh(cfg.mesh, devices=jax.devices()[:1])
   with jax.set_mesh(mesh):
-    trainer = Trainer(cfg, mesh)
+    trainer = Trainer(run_config(cfg), mesh)
     return trainer.compiler_options, trainer.compile_train_step().as_text()
 
 

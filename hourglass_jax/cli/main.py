@@ -11,7 +11,6 @@ from absl import logging as absl_logging
 from hourglass_jax import files, host_memory, paths
 from hourglass_jax.cli import usage
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
-from hourglass_jax.data.settings import DataSettings
 
 _CONFIG = define_config_flag("config", "A configs/*.py file, optionally with :preset (configs/dynamic.py:whitespace).")
 _HELP_CONFIG = flags.DEFINE_bool(usage.HELP_CONFIG, False, "List every --config.SECTION.FIELD setting with its value "
@@ -56,11 +55,10 @@ def _setup(level):
   compile_cache.enable(_COMPILATION_CACHE.value or compile_cache.default_location(_WORKDIR.value))
 
 
-def _check_locations(create: bool = True) -> None:
+def _check_locations(run, create: bool = True) -> None:
   """A workdir that is a file, cannot be created (`create`: training makes it) or is a URL this install cannot open
-  or reach, or a bucket data dir, fails here, before devices or data are touched."""
-  if _CONFIG.value is not None:
-    paths.check_local_data_dir(DataSettings.of(_CONFIG.value.data).data_dir, "--config.data.data_dir")
+  or reach, or a bucket data dir of the RunConfig `run`, fails here, before devices or data are touched."""
+  paths.check_local_data_dir(run.data.data_dir, "--config.data.data_dir")
   paths.check_writable_location(_WORKDIR.value, "--workdir", create)
 
 
@@ -153,15 +151,24 @@ def _model_source():
   return model_source
 
 
+def _run_config():
+  """The RunConfig of --config and its overrides, made once here: every setting checked, before any work."""
+  from hourglass_jax.config.run import run_config
+
+  return run_config(_CONFIG.value)
+
+
 def _reader_config():
-  """--config (with its overrides) for a command that reads a model: with an export folder as --workdir, the model
-  section is the export card's, the command line's --config.model.* values on top; else --config as given."""
+  """The RunConfig of a command that reads a model: with an export folder as --workdir, its model section is the
+  export card's, the command line's --config.model.* values on top; else --config's as given."""
   source = _model_source()
   if not source.is_export(_WORKDIR.value):
-    return _CONFIG.value
+    return _run_config()
+  from hourglass_jax.config.run import run_config
+
   given = {arg[len("--config.model."):].split("=")[0] for arg in sys.argv[1:] if arg.startswith("--config.model.")}
   overrides = {name: _CONFIG.value.model[name] for name in given} if _CONFIG.value is not None else {}
-  return source.export_config(_WORKDIR.value, _CONFIG.value, overrides)
+  return run_config(source.export_config(_WORKDIR.value, _CONFIG.value, overrides))
 
 
 def _overrides() -> list[str]:
@@ -176,9 +183,10 @@ def _train():
 
   def train():
     created[0] = paths.first_missing(_WORKDIR.value)
-    _check_locations()
+    run = _run_config()
+    _check_locations(run)
     files.make_folder(_WORKDIR.value)
-    return train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    return train_and_evaluate(run, _WORKDIR.value)
 
   from hourglass_jax.train import preemption
 
@@ -217,9 +225,13 @@ def _print_next_steps(prompt: str | None) -> None:
 def _eval():
   from hourglass_jax.train.evaluate import evaluate_checkpoint
 
-  _run_reader(lambda: _check_locations(create=False) or evaluate_checkpoint(
-      _reader_config(), _WORKDIR.value, _SPLIT.value, max_batches=_BATCHES.value, progress=True, record=True),
-              "hourglass-eval")
+  def evaluate():
+    run = _reader_config()
+    _check_locations(run, create=False)
+    return evaluate_checkpoint(run, _WORKDIR.value, _SPLIT.value, max_batches=_BATCHES.value, progress=True,
+                               record=True)
+
+  _run_reader(evaluate, "hourglass-eval")
 
 
 def train_entry():
@@ -257,8 +269,12 @@ def data_entry():
 def _sample():
   from hourglass_jax.cli import sample_flags
 
-  _run_reader(lambda: _check_locations(create=False) or sample_flags.run(_reader_config(), _WORKDIR.value,
-                                                                        _SPLIT.value), "hourglass-sample")
+  def sample():
+    run = _reader_config()
+    _check_locations(run, create=False)
+    return sample_flags.run(run, _WORKDIR.value, _SPLIT.value)
+
+  _run_reader(sample, "hourglass-sample")
 
 
 def sample_entry():

@@ -11,12 +11,13 @@ import math
 import os
 
 import jax
-import ml_collections
 import numpy as np
 
-from hourglass_jax import compile_cache, generation, paths, sharding, weights
+from hourglass_jax import compile_cache, generation, paths, weights
+from hourglass_jax.config.run import RunConfig
 from hourglass_jax.data import sources
 from hourglass_jax.model import ModelConfig, build_model, decode
+from hourglass_jax.sharding import make_mesh
 from hourglass_jax.model.decode import drafts, sampling
 from hourglass_jax.train import model_source
 from hourglass_jax.train.checkpoint import NoCheckpointError, read_params
@@ -177,7 +178,7 @@ def check_kind_options(options: SampleOptions, images: bool, dataset: str) -> No
                        "folder.")
 
 
-def _image_prompts(cfg, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
+def _image_prompts(run: RunConfig, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
   """(prompts [N, 1 + rows*W*C]: the start token and the top rows, originals [N, H, W, C] or None)."""
   from hourglass_jax.data.image_source import START_TOKEN  # pylint: disable=import-outside-toplevel
 
@@ -188,16 +189,17 @@ def _image_prompts(cfg, options: SampleOptions, shape) -> tuple[np.ndarray, np.n
   start = np.full((options.num_samples, 1), START_TOKEN, np.int32)
   if not options.prompt_rows:
     return start, None
-  split = options.split or cfg.data.eval_split
-  source = sources.make_source(cfg.data, split, cfg.model.vocab_size, cfg.train.seed)
+  split = options.split or run.data.eval_split
+  source = sources.make_source(run.data, split, run.model.vocab_size, run.train.seed)
   originals = np.stack([source.image(i % len(source)) for i in range(options.num_samples)])
   rows = originals[:, :options.prompt_rows].reshape(options.num_samples, -1).astype(np.int32)
   return np.concatenate([start, rows], axis=1), originals
 
 
-def _lengths(cfg, options: SampleOptions, prompt_len: int, image_size: int | None) -> tuple[int, int]:
-  """(max_new_tokens, max_len), checked: the prompt and the new tokens must fit in the cache."""
-  max_len = options.max_len or cfg.data.seq_len
+def _lengths(seq_len: int, options: SampleOptions, prompt_len: int, image_size: int | None) -> tuple[int, int]:
+  """(max_new_tokens, max_len), checked: the prompt and the new tokens must fit in the cache (of max_len, default
+  `seq_len`, the trained length)."""
+  max_len = options.max_len or seq_len
   if prompt_len > max_len:
     raise ValueError(f"the prompt has {prompt_len} tokens but the cache holds max_len={max_len} (data.seq_len by "
                      "default); shorten the prompt or raise --max_len (beyond data.seq_len the model "
@@ -217,33 +219,33 @@ def _lengths(cfg, options: SampleOptions, prompt_len: int, image_size: int | Non
   return new, max_len
 
 
-def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=print) -> dict:
-  """Samples from the newest checkpoint in `workdir`, or from the export folder `workdir` names (`cfg` then from
-  model_source.export_config). Returns {'step', 'tokens' [N, new] int32, 'seconds', 'texts' (bytes each, prompt +
-  continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
-  model_cfg = ModelConfig.from_dict(cfg.model)
+def sample(run: RunConfig, workdir, options: SampleOptions, log=print) -> dict:
+  """Samples from the newest checkpoint in `workdir` with the RunConfig `run`, or from the export folder `workdir`
+  names (`run` then made from model_source.export_config). Returns {'step', 'tokens' [N, new] int32, 'seconds',
+  'texts' (bytes each, prompt + continuation, cut after end_byte) or 'images' [N, H, W, C] uint8 and 'png'}."""
+  model_cfg, seq_len = run.model, run.data.seq_len
   check_options(options, model_cfg.vocab_size)
-  shape = sources.spec(cfg.data.name).image_shape
+  shape = run.data.spec.image_shape
   image_size = None if shape is None else int(np.prod(shape))
-  check_kind_options(options, shape is not None, cfg.data.name)
+  check_kind_options(options, shape is not None, run.data.name)
   if shape is not None and options.output is None and model_source.is_export(workdir):
     raise ValueError(f"--workdir={workdir} is an export folder, which hourglass-sample does not write into; pass "
                      "--output=FILE.png for the image grid.")
-  check_memory(model_cfg, options.num_samples, options.max_len or cfg.data.seq_len)
+  check_memory(model_cfg, options.num_samples, options.max_len or seq_len)
   draft, draft_params = load_draft(options.draft, model_cfg, log)
   if shape is None:
-    prompts, originals = generation.byte_prompts(options.prompt, options.num_samples, cfg.model.vocab_size), None
+    prompts, originals = generation.byte_prompts(options.prompt, options.num_samples, model_cfg.vocab_size), None
   else:
-    prompts, originals = _image_prompts(cfg, options, shape)
-  new, _ = _lengths(cfg, options, prompts.shape[1], image_size)
+    prompts, originals = _image_prompts(run, options, shape)
+  new, _ = _lengths(seq_len, options, prompts.shape[1], image_size)
 
-  mesh = sharding.make_mesh(cfg.mesh)
+  mesh = make_mesh(run.mesh)
   with jax.set_mesh(mesh):  # the params alone, onto the model's shardings: no optimizer is built
-    init_fn = make_init_fn(build_model(cfg.model), None, cfg.data.seq_len, cfg.train.seed)
-    abstract, param_shardings = state_layout(init_fn, mesh, sharding.logical_rules(cfg.mesh))
-    params, step = model_source.read(workdir, abstract, cfg, log=log)
+    init_fn = make_init_fn(build_model(model_cfg), None, seq_len, run.train.seed)
+    abstract, param_shardings = state_layout(init_fn, mesh, run.mesh.rules)
+    params, step = model_source.read(workdir, abstract, run, log=log)
   generated = generation.generate_on_mesh(
-      params, param_shardings, model_cfg, prompts, mesh, sharding.logical_rules(cfg.mesh), max_new_tokens=new,
+      params, param_shardings, model_cfg, prompts, mesh, run.mesh.rules, max_new_tokens=new,
       seed=options.seed, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
       end_token=options.end_byte if shape is None else None, draft=draft, draft_params=draft_params,
       draft_tokens=options.draft_tokens, fallback_below=options.fallback_below)
@@ -257,7 +259,7 @@ def sample(cfg: ml_collections.ConfigDict, workdir, options: SampleOptions, log=
   if shape is None:
     result["texts"] = generation.texts(options.prompt, tokens, options.end_byte)
     return result
-  return dict(result, **_write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log))
+  return dict(result, **_write_images(workdir, options, step, prompts, tokens, shape, originals, log))
 
 
 def speculation_line(stats, options: SampleOptions) -> str:
@@ -265,7 +267,7 @@ def speculation_line(stats, options: SampleOptions) -> str:
   return stats.describe(options.draft, options.draft_tokens)
 
 
-def _write_images(cfg, workdir, options, step, prompts, tokens, shape, originals, log) -> dict:
+def _write_images(workdir, options, step, prompts, tokens, shape, originals, log) -> dict:
   from hourglass_jax.data.images import save_png_grid, tokens_to_images  # pylint: disable=import-outside-toplevel
 
   pixels = np.concatenate([prompts[:, 1:], tokens], axis=1)  # without the start token

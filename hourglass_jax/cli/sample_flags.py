@@ -37,15 +37,15 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def run(cfg, workdir: str, split: str | None) -> dict:
-  """Samples as the flags say; prints text samples (process 0)."""
+def run(run, workdir: str, split: str | None) -> dict:
+  """Samples the RunConfig `run`'s model as the flags say; prints text samples (process 0)."""
   from hourglass_jax.cli.sample import (  # pylint: disable=import-outside-toplevel
       SampleOptions, prompt_bytes, read_prompt_file, sample)
 
   if _PROMPT.value is not None and _PROMPT_FILE.value is not None:
     raise ValueError("give --prompt or --prompt_file, not both.")
   if _PROMPT_FILE.value is not None:
-    prompt = read_prompt_file(_PROMPT_FILE.value, _MAX_LEN.value or cfg.data.seq_len)
+    prompt = read_prompt_file(_PROMPT_FILE.value, _MAX_LEN.value or run.data.seq_len)
   else:
     prompt = prompt_bytes(_PROMPT.value or "")
   options = SampleOptions(prompt=prompt, num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW_TOKENS.value,
@@ -53,7 +53,7 @@ def run(cfg, workdir: str, split: str | None) -> dict:
                           end_byte=_END_BYTE.value, prompt_rows=_PROMPT_ROWS.value, split=split,
                           max_len=_MAX_LEN.value, output=_OUTPUT.value, draft=_DRAFT.value,
                           draft_tokens=_DRAFT_TOKENS.value, fallback_below=_FALLBACK_BELOW.value)
-  result = sample(cfg, workdir, options, log=_log)
+  result = sample(run, workdir, options, log=_log)
   for i, text in enumerate(result.get("texts", [])):
     _log(f"--- sample {i} ---")
     if jax.process_index() == 0:

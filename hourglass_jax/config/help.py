@@ -68,5 +68,5 @@ def listing(cfg: ml_collections.ConfigDict, title: str) -> str:
 
 
 def documented_fields(section: str) -> tuple[str, ...]:
-  """The config keys a section's settings class declares (the model section: those no other section sets)."""
-  return tuple(f.name for f in dataclasses.fields(SECTIONS[section]) if not f.metadata.get("set_by"))
+  """The config keys a section's settings class declares (not what a section resolves itself, such as data.spec)."""
+  return tuple(f.name for f in dataclasses.fields(SECTIONS[section]) if f.init)

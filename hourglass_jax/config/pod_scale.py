@@ -11,14 +11,14 @@ import ml_collections
 POD_PRESETS = {
     "pod": dict(batch_size=64, mesh=dict(data=-1, fsdp=1, tensor=1)),
     "pod_fsdp": dict(batch_size=64, mesh=dict(data=-1, fsdp=4, tensor=1)),
-    "pod_tensor": dict(batch_size=32, mesh=dict(data=-1, fsdp=1, tensor=4), remat=True),
+    "pod_tensor": dict(batch_size=32, mesh=dict(data=-1, fsdp=1, tensor=4), remat_policy="nothing_saveable"),
 }
 # imagenet64 (12288 positions): the paper's one image per device on a 16-device slice, with rematerialisation; the
 # attention scores of one 12288-long row are 4.8 GB per layer on the XLA attention path.
 LONG_SEQUENCE_PRESETS = {
-    "pod": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=1), remat=True),
-    "pod_fsdp": dict(batch_size=16, mesh=dict(data=-1, fsdp=4, tensor=1), remat=True),
-    "pod_tensor": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=4), remat=True),
+    "pod": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=1), remat_policy="nothing_saveable"),
+    "pod_fsdp": dict(batch_size=16, mesh=dict(data=-1, fsdp=4, tensor=1), remat_policy="nothing_saveable"),
+    "pod_tensor": dict(batch_size=16, mesh=dict(data=-1, fsdp=1, tensor=4), remat_policy="nothing_saveable"),
 }
 
 
@@ -42,7 +42,8 @@ def apply_preset(cfg: ml_collections.ConfigDict, preset: str, config_name: str,
   cfg.data.batch_size = chosen["batch_size"]
   cfg.mesh.update(chosen["mesh"])
   cfg.train.update(steps=scaled(cfg.train.steps, 1), warmup_steps=scaled(cfg.train.warmup_steps, 1),
-                   eval_every=scaled(cfg.train.eval_every, 100), remat=chosen.get("remat", cfg.train.remat))
+                   eval_every=scaled(cfg.train.eval_every, 100))
+  cfg.model.remat_policy = chosen.get("remat_policy", cfg.model.remat_policy)
   cfg.checkpoint.every_steps = scaled(cfg.checkpoint.every_steps, 100)
   cfg.data.eval_batches = scaled(cfg.data.eval_batches, 1)  # 0 (the whole split) stays 0
   return cfg

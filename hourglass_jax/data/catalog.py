@@ -60,9 +60,30 @@ DATASETS = {spec.name: spec for spec in (
 )}
 
 
+# Sources read without TFDS: a data.name beside the TFDS datasets.
+DIRECT = {spec.name: spec for spec in (
+    DatasetSpec("text_file", "text", "nothing: data.path names a file, read as is",
+                about="A local text file, as raw bytes."),
+    DatasetSpec("synthetic", "synthetic", "nothing: random tokens",
+                about="Random tokens (for benchmarks: nothing to learn).")
+)}
+
+
 def get(name: str) -> DatasetSpec:
+  """The TFDS dataset `name` (hourglass-data prepare's and tfds_io's)."""
   if name not in DATASETS:
     raise ValueError(f"no TFDS dataset named {name!r} here; choose one of {', '.join(DATASETS)}.")
+  return DATASETS[name]
+
+
+def spec(name: str) -> DatasetSpec:
+  """What a data.name is (its kind, image shape, what preparing it needs): a TFDS dataset or a source read directly.
+  The run config looks it up once (data.settings.DataSettings.spec); a card's recorded name is looked up here."""
+  if name in DIRECT:
+    return DIRECT[name]
+  if name not in DATASETS:
+    raise ValueError(f"data.name={name!r} is unknown; choose one of {', '.join((*DATASETS, *DIRECT))} "
+                     "(e.g. --config.data.name=stdlib_text, the offline corpus).")
   return DATASETS[name]
 
 

@@ -1,7 +1,8 @@
-"""The `data` config section, declared once (hourglass_jax/settings.py)."""
+"""The `data` config section, declared once (hourglass_jax/settings.py), with the dataset its name resolves to."""
 
 import dataclasses
 
+from hourglass_jax.data import catalog
 from hourglass_jax.data.catalog import SPLIT_ALIASES, SPLIT_NAMES
 from hourglass_jax.data.eval_windows import PROTOCOLS
 from hourglass_jax.settings import Section
@@ -27,6 +28,8 @@ class DataSettings(Section):
   eval_protocol: str = "windows"
   eval_seq_len: int = 0  # the evaluation window (0 = seq_len)
   eval_context: int = 0  # 'long_context': the tokens of each window read as context only, not scored
+  # what `name` is (text or image, its image shape...), looked up once when the section is made: not a setting
+  spec: catalog.DatasetSpec = dataclasses.field(init=False, repr=False, compare=False)
   NAME = "data"
 
   def check_values(self) -> None:
@@ -34,3 +37,4 @@ class DataSettings(Section):
     self.at_least(0, "train_stride", "eval_batches", "eval_seq_len", "eval_context")
     self.choice("eval_split", SPLITS)
     self.choice("eval_protocol", PROTOCOLS)
+    object.__setattr__(self, "spec", catalog.spec(self.name))  # an unknown name is refused here, in one line

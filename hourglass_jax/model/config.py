@@ -143,9 +143,8 @@ def function_fields(kind: str) -> tuple[str, ...]:
 
 
 def config_section_fields() -> dict[str, Any]:
-  """The `model` config section: every ModelConfig field and default except those another section sets."""
-  return {f.name: getattr(ModelConfig(), f.name) for f in dataclasses.fields(ModelConfig)
-          if not f.metadata.get("set_by")}
+  """The `model` config section: every ModelConfig field and its default."""
+  return {f.name: getattr(ModelConfig(), f.name) for f in dataclasses.fields(ModelConfig)}
 
 
 def function_changes(saved: dict, model: dict, saved_as: str = "checkpoint", model_as: str = "config") -> list[str]:

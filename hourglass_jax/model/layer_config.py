@@ -91,12 +91,11 @@ def check_layer_settings(s: Any, prefix: str = "") -> None:
 EVERY_KIND = "every kind"  # `setting(function_of=EVERY_KIND)`: the field changes every kind's function
 
 
-def setting(default, *, function_of=(), set_by: str | None = None):
+def setting(default, *, function_of=()):
   """A config field. `function_of`: the model kinds whose function it changes while every parameter shape stays
   (a factor in `hierarchy`, 'avg' vs 'repeat', rope_base...; EVERY_KIND for all): checkpoints record it and a
-  resume, evaluation or sample compares it, since the shape check cannot see it. `set_by`: another config section
-  sets it."""
-  return dataclasses.field(default=default, metadata={"function_of": function_of, "set_by": set_by})
+  resume, evaluation or sample compares it, since the shape check cannot see it."""
+  return dataclasses.field(default=default, metadata={"function_of": function_of})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,10 +112,10 @@ class BlockSettings:
   position: str = setting("rope", function_of=EVERY_KIND)  # POSITIONS: rotary, or Transformer-XL relative biases
   rope_base: float = setting(10_000.0, function_of=EVERY_KIND)  # the rotary frequencies' base
   layer_norm_eps: float = setting(1e-6, function_of=EVERY_KIND)  # added to the variance in every LayerNorm
-  # Execution only (same function, same params): activation rematerialisation inside each scanned block, and how
-  # many blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled). In a config file
-  # the train section sets remat_policy (train.remat / train.remat_policy).
-  remat_policy: str = setting("none", set_by="train.remat_policy")
+  # REMAT_POLICIES: what each block keeps for the backward pass (execution only: same function, same params):
+  # everything ('none'), nothing ('nothing_saveable': least memory, the block is recomputed) or its matmul outputs
+  # ('dots_saveable': less recomputation, more memory)
+  remat_policy: str = "none"
   scan_unroll: int = 1  # blocks one scan iteration holds (1 = one compiled block per stack; 0 = fully unrolled)
 
   @property

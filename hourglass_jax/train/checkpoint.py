@@ -367,25 +367,25 @@ class NoCheckpointError(TrainError, FileNotFoundError):
   """A workdir holds no (readable) checkpoint, or not the step asked for."""
 
 
-def read_params(workdir, abstract_params, cfg=None, step: int | None = None, fall_back: bool = True,
+def read_params(workdir, abstract_params, run=None, step: int | None = None, fall_back: bool = True,
                 log=print) -> tuple[object, int, dict]:
   """(params, step, the run record saved with them) of the newest sound checkpoint of `workdir`, read-only (a run
   in progress may be writing there) through `Checkpoints.restore_latest`: onto `abstract_params`' shardings, or as
-  host NumPy arrays when None. `cfg`: the config they must match (its checkpoint.allow_settings_change and
+  host NumPy arrays when None. `run`: the RunConfig they must match (its checkpoint.allow_settings_change and
   allow_unverified apply); None compares no settings. `step` (or, without `fall_back`, the newest): that checkpoint
   or a TrainError saying what is wrong with it."""
   directory = paths.as_path(workdir) / "checkpoints"
   if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
     raise NoCheckpointError(f"no checkpoint under {directory}; train first with hourglass-train --config=... "
                             f"--workdir={workdir}, or point --workdir at a trained run.")
-  settings = CheckpointSettings.of({} if cfg is None else cfg.checkpoint)
+  settings = CheckpointSettings() if run is None else run.checkpoint
   with Checkpoints(directory, log=log, read_only=True) as checkpoints:
     steps = checkpoints.all_steps()
     step = step if step is not None or fall_back else (steps or [None])[-1]
     if step is not None and step not in steps:
       raise NoCheckpointError(f"no checkpoint of step {step} under {directory}; it holds steps "
                               f"{', '.join(map(str, steps))}.")
-    restored = checkpoints.restore_latest(abstract_params, None if cfg is None else config_record(cfg),
+    restored = checkpoints.restore_latest(abstract_params, None if run is None else config_record(run),
                                           settings.allow_settings_change, settings.allow_unverified, step)
     if restored is None:
       raise NoCheckpointError(f"no readable checkpoint under {directory}; train first with hourglass-train "

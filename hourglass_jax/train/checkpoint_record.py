@@ -1,12 +1,11 @@
 """What a checkpoint records about its run (model settings, sequence length) and the check that a config about to
 resume, evaluate or sample it computes the same function."""
 
+import dataclasses
 import json
 import os
 
-from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.model.config import function_changes
-from hourglass_jax.train.settings import TrainSettings
 
 OVERRIDE = "--config.checkpoint.allow_settings_change=True"
 
@@ -15,17 +14,15 @@ RECIPE = ("learning_rate", "schedule", "warmup_steps", "min_lr_ratio", "b1", "b2
           "grad_clip_norm", "grad_accum_steps")  # the train settings the card's recipe shows
 
 
-def config_record(cfg) -> dict:
-  """What a checkpoint records about its run: its model settings (named in mismatch messages), and for the card
-  hourglass-export writes, the sequence length, global batch, data set (its name, and the file or folder name of a
-  local one: never the machine's path) and optimizer recipe."""
-  data = DataSettings.of(cfg.data)
-  source = data.path or data.data_dir
-  data = dict(name=data.name, source=os.path.basename(os.path.normpath(source)) if source else None)
-  train = TrainSettings.of(cfg.train)
-  return json.loads(json.dumps({"model": cfg.model.to_dict(), "seq_len": cfg.data.seq_len,
-                                "batch_size": cfg.data.batch_size, "data": data,
-                                "train": {name: getattr(train, name) for name in RECIPE}}))
+def config_record(run) -> dict:
+  """What a checkpoint records about its run (a RunConfig, hourglass_jax/config/run.py): its model settings (named in
+  mismatch messages), and for the card hourglass-export writes, the sequence length, global batch, data set (its
+  name, and the file or folder name of a local one: never the machine's path) and optimizer recipe."""
+  source = run.data.path or run.data.data_dir
+  data = dict(name=run.data.name, source=os.path.basename(os.path.normpath(source)) if source else None)
+  return json.loads(json.dumps({"model": dataclasses.asdict(run.model), "seq_len": run.data.seq_len,
+                                "batch_size": run.data.batch_size, "data": data,
+                                "train": {name: getattr(run.train, name) for name in RECIPE}}))
 
 
 def check_same_function(saved: dict, model: dict, where: str) -> None:

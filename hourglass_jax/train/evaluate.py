@@ -5,11 +5,10 @@ checkpoint (the whole split unless asked for a partial score)."""
 import math
 
 import jax
-import ml_collections
 
 from hourglass_jax import sharding
-from hourglass_jax.data import pipeline, sources
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.config.run import RunConfig
+from hourglass_jax.data import pipeline
 from hourglass_jax.train import model_source, run_files
 from hourglass_jax.train.progress import progress_bar
 from hourglass_jax.train.trainer import Evaluator
@@ -44,13 +43,12 @@ def evaluate(evaluator: Evaluator, params, split: str, max_batches: int = 0, pro
   metrics = {name: sum(float(m[name]) * float(out["rows"]) for m, out in zip(sown, outs)) / max(total["rows"], 1.0)
              for name in (sown[0] if sown else {})}
   loss = total["loss_sum"] / max(total["tokens"], 1.0)
-  data = DataSettings.of(evaluator.cfg.data)
-  dataset = sources.spec(data.name)
-  protocol = "images" if dataset.kind == "image" else data.eval_protocol
+  data = evaluator.run.data
+  protocol = "images" if data.spec.kind == "image" else data.eval_protocol
   every = pipeline.num_eval_batches(source, evaluator.batch_size, 0)
   return dict(loss=loss, bits=loss / math.log(2), tokens=int(total["tokens"]), batches=batches, total_batches=every,
               windows=min(len(source), batches * evaluator.batch_size), whole_split=batches >= every,
-              unit=dataset.unit, protocol=protocol, metrics=metrics)
+              unit=data.spec.unit, protocol=protocol, metrics=metrics)
 
 
 def scope(result: dict) -> str:
@@ -68,20 +66,20 @@ def describe(result: dict, split: str) -> str:
           f"{result['windows']:,} {what}, {result['tokens']:,} scored tokens, {scope(result)}{sown})")
 
 
-def evaluate_checkpoint(cfg: ml_collections.ConfigDict, workdir: str, split: str | None = None,
+def evaluate_checkpoint(run: RunConfig, workdir: str, split: str | None = None,
                         log=print, max_batches: int = 0, progress: bool = False, record: bool = False) -> dict:
-  """Restores the params alone of the newest checkpoint in `workdir` (or of the export folder it names, `cfg` then
-  from model_source.export_config) onto this host's devices and evaluates them on `split` (default
+  """Restores the params alone of the newest checkpoint in `workdir` (or of the export folder it names, `run` then
+  made from model_source.export_config) onto this host's devices and evaluates them on `split` (default
   data.eval_split): the whole split, or its first `max_batches` batches (a partial score; the trainer's periodic
   evaluations take data.eval_batches, which does not apply here). No optimizer, no train step, no train split.
   `record`: a workdir's whole-split score is written to its evaluations/ (run_files), process 0; an export folder
   is never written to."""
   if max_batches < 0:
     raise ValueError(f"--batches={max_batches} must be >= 0 (0 = the whole split).")
-  evaluator = Evaluator(cfg, sharding.make_mesh(cfg.mesh))
-  split = split or cfg.data.eval_split
+  evaluator = Evaluator(run, sharding.make_mesh(run.mesh))
+  split = split or run.data.eval_split
   with jax.set_mesh(evaluator.mesh):
-    params, step = model_source.read(workdir, evaluator.abstract, cfg, log=log)
+    params, step = model_source.read(workdir, evaluator.abstract, run, log=log)
     result = evaluate(evaluator, params, split, max_batches, progress)
   log(f"step {step}: {describe(result, split)}")
   if record and result["whole_split"] and jax.process_index() == 0 and not model_source.is_export(workdir):

@@ -6,7 +6,7 @@ intended use (the Hugging Face model-card metadata names where they fit: license
 only), pipeline_tag, model-index), as config.json and as the Hub's README.md (hourglass_jax.hub_card)."""
 
 from hourglass_jax import hub_card, paths, weights
-from hourglass_jax.data import sources
+from hourglass_jax.data import catalog
 from hourglass_jax.train import run_files
 from hourglass_jax.train.checkpoint import read_params
 from hourglass_jax.train.checks import TrainError
@@ -51,7 +51,8 @@ def about_run(workdir, step: int, record: dict, license_id: str | None = None) -
   from the checkpoint's record and the workdir's run files (run_files.py)."""
   data = record.get("data") or {}
   dataset = data.get("name")
-  unit = sources.spec(dataset).unit if dataset else "byte"
+  spec = _dataset_spec(dataset)
+  unit = spec.unit if spec else "byte"
   seen = [r.get("tokens_seen") for r in run_files.read_metrics(workdir) if r["step"] == step and "tokens_seen" in r]
   tokens = seen[-1] if seen else (step * record["batch_size"] * record["seq_len"] if "batch_size" in record else None)
   scores = {r["split"]: r for r in run_files.read_metrics(workdir)
@@ -59,7 +60,7 @@ def about_run(workdir, step: int, record: dict, license_id: str | None = None) -
   scores.update({split: dict(r, **{f"bits_per_{unit}": r["bits"]})
                  for split, r in run_files.evaluations(workdir, step).items() if "bits" in r})
   task = "text-generation" if unit == "byte" else "unconditional-image-generation"
-  hub_id = _hub_id(dataset)
+  hub_id = spec.hub_id if spec else None  # the same data on the Hugging Face Hub, where it is
   results = [dict(task=dict(type=task),
                   dataset=dict(name=dataset, type=hub_id or dataset, split=split),
                   metrics=[dict(type=f"bits_per_{unit}", value=round(score[f"bits_per_{unit}"], 6),
@@ -76,9 +77,9 @@ def about_run(workdir, step: int, record: dict, license_id: str | None = None) -
                                results=results)]}
 
 
-def _hub_id(dataset: str | None) -> str | None:
-  """The data set's Hugging Face Hub id (the catalog's), None where it has none (the embedded corpus, local text)."""
+def _dataset_spec(dataset: str | None) -> catalog.DatasetSpec | None:
+  """What the recorded data set is; None where none is recorded or this install does not know the name."""
   try:
-    return sources.spec(dataset).hub_id if dataset else None
+    return catalog.spec(dataset) if dataset else None
   except ValueError:
     return None

@@ -13,7 +13,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from hourglass_jax import compile_cache, distributed, generation, paths, sharding
-from hourglass_jax.data import sources
+from hourglass_jax.config.run import RunConfig, run_config
 from hourglass_jax.train import metrics as metrics_lib
 from hourglass_jax.train import run_files
 from hourglass_jax.train.checkpoint import Checkpoints, config_record
@@ -24,7 +24,6 @@ from hourglass_jax.train.preemption import StopSignals
 from hourglass_jax.train.progress import progress_bar
 from hourglass_jax.train.report import example_prompt, report_compiled
 from hourglass_jax.train.run_files import MetricsLog
-from hourglass_jax.train.settings import CheckpointSettings
 from hourglass_jax.train.trainer import Trainer
 from hourglass_jax.train.workdir_lock import WorkdirLock
 
@@ -58,24 +57,26 @@ class _Meter:
     return out
 
 
-def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir, *, devices=None, log=log_main) -> dict:
-  """Trains `cfg` in `workdir` (resuming from its newest checkpoint) and returns a summary of this call:
-  losses per step, last eval, throughput, train-step compile time and persistent-cache hits, and why it stopped
-  ('done', 'preempted' by SIGTERM / a preemption notice, 'interrupted' by Ctrl-C; both after saving)."""
+def train_and_evaluate(cfg: "RunConfig | ml_collections.ConfigDict", workdir, *, devices=None,
+                       log=log_main) -> dict:
+  """Trains the run config `cfg` (a RunConfig, or a config file's ConfigDict, made into one here) in `workdir`
+  (resuming from its newest checkpoint) and returns a summary of this call: losses per step, last eval, throughput,
+  train-step compile time and persistent-cache hits, and why it stopped ('done', 'preempted' by SIGTERM / a
+  preemption notice, 'interrupted' by Ctrl-C; both after saving)."""
+  run = run_config(cfg)  # every setting checked here, before anything is read or compiled
   workdir = paths.as_path(workdir)
-  mesh = sharding.make_mesh(cfg.mesh, devices)
-  trainer = Trainer(cfg, mesh)  # every config and mesh check happens here, before compiling
-  if warning := warmup_warning(cfg.train):
+  mesh = sharding.make_mesh(run.mesh, devices)
+  trainer = Trainer(run, mesh)  # the mesh and data checks happen here, before compiling
+  if warning := warmup_warning(run.train):
     log(f"warning: {warning}")
   _check_run_files(workdir, log)
+  saving = run.checkpoint
   with jax.set_mesh(mesh), WorkdirLock(workdir, log), StopSignals(log) as signals, Checkpoints(
-      workdir / "checkpoints", cfg.checkpoint.every_steps, cfg.checkpoint.keep, cfg.checkpoint.async_save,
-      log) as checkpoints:
-    restored = checkpoints.restore_latest(trainer.abstract, config_record(cfg),
-                                          cfg.checkpoint.allow_settings_change,
-                                          CheckpointSettings.of(cfg.checkpoint).allow_unverified)
-    if restored and restored[2] >= cfg.train.steps:
-      log(f"{checkpoints.directory} already holds step {restored[2]} >= train.steps={cfg.train.steps}: nothing "
+      workdir / "checkpoints", saving.every_steps, saving.keep, saving.async_save, log) as checkpoints:
+    restored = checkpoints.restore_latest(trainer.abstract, config_record(run), saving.allow_settings_change,
+                                          saving.allow_unverified)
+    if restored and restored[2] >= run.train.steps:
+      log(f"{checkpoints.directory} already holds step {restored[2]} >= train.steps={run.train.steps}: nothing "
           "to train. Raise --config.train.steps to continue, use a new --workdir to start over, or evaluate it "
           "with hourglass-eval.")
       return dict(start_step=restored[2], step=restored[2], losses={}, eval=None, stopped="done", sample=None)
@@ -127,8 +128,8 @@ class _Run:
   def __init__(self, trainer: Trainer, perf: dict, restored, checkpoints: Checkpoints, writer, metrics_log, log):
     self.trainer, self.perf, self.checkpoints, self.writer, self.metrics_log, self.log = (
         trainer, perf, checkpoints, writer, metrics_log, log)
-    self.cfg, self.total, self.record = trainer.cfg, trainer.cfg.train.steps, config_record(trainer.cfg)
-    self.unit = sources.spec(self.cfg.data.name).unit
+    self.run, self.total, self.record = trainer.run, trainer.run.train.steps, config_record(trainer.run)
+    self.unit = trainer.run.data.spec.unit
     self.batches = DevicePrefetch(trainer.train_iterator(), trainer.global_array)
     self.resumed = restored is not None
     if restored:
@@ -146,7 +147,7 @@ class _Run:
 
   def steps(self, compiled, signals: StopSignals):
     """Trains to train.steps (or a stop signal); returns the last state."""
-    cfg, checkpoints, state = self.cfg, self.checkpoints, self.state
+    train, checkpoints, state = self.run.train, self.checkpoints, self.state
     distributed.barrier("train_loop_start")  # all processes compiled and restored: start the first step together
     for step in range(self.start + 1, self.total + 1):
       state, device_metrics = compiled(state, next(self.batches))
@@ -166,7 +167,7 @@ class _Run:
         self.log(f"\n{'Ctrl-C' if stop == 'SIGINT' else 'SIGTERM/preemption'}: saved checkpoint step {step} in "
                  f"{checkpoints.directory}; rerun the same command to resume.")
         break
-      if step == self.total or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+      if step == self.total or (train.eval_every and step % train.eval_every == 0):
         self.drain()
         self.evaluate(step, state)
     self.drain()
@@ -182,12 +183,12 @@ class _Run:
     values = {k: float(v) for k, v in sharding.to_host(device_metrics).items()}
     if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "update_norm")):
       raise TrainError(_divergence_message(step, values, self.saved, self.start if self.resumed else None,
-                                           self.checkpoints, self.cfg.train.eps))
+                                           self.checkpoints, self.run.train.eps))
     self.summary["losses"][step] = values["loss"]
     self.train_extras = {name: values[name] for name in values if name not in _STEP_METRICS}
     self.meter.add(values["loss"], values["grad_norm"])
     self.bar.update(1)
-    if step % self.cfg.train.log_every == 0 or step == self.total:
+    if step % self.run.train.log_every == 0 or step == self.total:
       self.log_window(step, values)
 
   def log_window(self, step: int, values: dict):
@@ -217,8 +218,8 @@ class _Run:
   def evaluate(self, step: int, state):
     """The periodic evaluation (partial unless data.eval_batches is 0), logged; boundary rates that drift apart
     between training and evaluation warned once per level."""
-    cfg, unit, split = self.cfg, self.unit, self.cfg.data.eval_split
-    result = self.summary["eval"] = evaluate(self.trainer, state.params, split, cfg.data.eval_batches)
+    unit, split = self.unit, self.run.data.eval_split
+    result = self.summary["eval"] = evaluate(self.trainer, state.params, split, self.run.data.eval_batches)
     tag = "eval" if result["whole_split"] else "eval_partial"  # a partial score is never shown as the split's
     self.writer.scalars(step, {f"{tag}/loss": result["loss"], f"{tag}/bits_per_{unit}": result["bits"],
                                **{f"{tag}/{name}": value for name, value in result["metrics"].items()}})
@@ -235,7 +236,7 @@ class _Run:
 
   def finish(self, state) -> dict:
     """The run's speed, the end-of-run sample, and the summary (once the last checkpoint is written)."""
-    cfg, summary, perf, meter = self.cfg, self.summary, self.perf, self.meter
+    run, summary, perf, meter = self.run, self.summary, self.perf, self.meter
     if meter.steps_total:
       seconds = meter.seconds_total / meter.steps_total
       summary.update(tokens_per_second=self.tokens_per_step / seconds, step_seconds=seconds,
@@ -243,13 +244,14 @@ class _Run:
       self.log(f"speed over {meter.steps_total} timed steps (evaluation and checkpoints excluded): "
                f"{summary['tokens_per_second']:,.0f} tokens/s, {seconds * 1e3:.0f} ms/step, "
                f"MFU {summary['mfu'] or float('nan'):.2%} (vs {perf['peak_source']})")
-    if sources.dataset_kind(cfg.data.name) == "text":
-      summary["prompt"] = example_prompt(eval_text(self.trainer.eval_source(cfg.data.eval_split)))
-    if summary["stopped"] == "done" and cfg.train.sample_bytes and sources.dataset_kind(cfg.data.name) == "text":
-      summary["sample_prompt"], summary["sample"] = end_of_run_sample(cfg, self.trainer, state.params)
+    text_data = run.data.spec.kind == "text"
+    if text_data:
+      summary["prompt"] = example_prompt(eval_text(self.trainer.eval_source(run.data.eval_split)))
+    if summary["stopped"] == "done" and run.train.sample_bytes and text_data:
+      summary["sample_prompt"], summary["sample"] = end_of_run_sample(self.trainer, state.params)
       text = (summary["sample_prompt"] + summary["sample"]).decode("utf-8", errors="replace")
       self.writer.text(summary["step"], "sample", text)
-      self.log(f"sample ({len(summary['sample_prompt'])} prompt bytes from the {cfg.data.eval_split} split, then "
+      self.log(f"sample ({len(summary['sample_prompt'])} prompt bytes from the {run.data.eval_split} split, then "
                f"{len(summary['sample'])} sampled bytes):\n{text}")
     self.checkpoints.wait()
     return summary
@@ -277,16 +279,17 @@ def eval_text(source, size: int = 4096) -> bytes:
   return b"".join(parts)
 
 
-def end_of_run_sample(cfg: ml_collections.ConfigDict, trainer: Trainer, params) -> tuple[bytes, bytes]:
+def end_of_run_sample(trainer: Trainer, params) -> tuple[bytes, bytes]:
   """(prompt, continuation): the first bytes of the eval split (up to 64, a quarter of data.seq_len) continued by
   train.sample_bytes bytes at temperature 0.8 and seed train.seed, with hourglass-sample's generation path (the KV
   cache; longer than data.seq_len extrapolates). Runs on every process, on the training mesh and shardings."""
-  window = trainer.eval_source(cfg.data.eval_split)[0]
+  run = trainer.run
+  window = trainer.eval_source(run.data.eval_split)[0]
   prompt = bytes(window[:max(1, min(64, trainer.seq_len // 4))].astype("uint8"))
   generated = generation.generate_on_mesh(
       params, trainer.shardings.params, trainer.model.cfg,
-      generation.byte_prompts(prompt, 1, cfg.model.vocab_size), trainer.mesh, trainer.rules,
-      max_new_tokens=cfg.train.sample_bytes, seed=cfg.train.seed, temperature=SAMPLE_TEMPERATURE)
+      generation.byte_prompts(prompt, 1, run.model.vocab_size), trainer.mesh, trainer.rules,
+      max_new_tokens=run.train.sample_bytes, seed=run.train.seed, temperature=SAMPLE_TEMPERATURE)
   return prompt, generation.texts(b"", generated.tokens)[0]
 
 

@@ -104,8 +104,8 @@ def check_memory(needed: int | None, limit: int | None) -> None:
   if needed is not None and limit is not None and needed > limit:
     raise TrainError(f"the compiled train step needs {needed / 2**30:.2f} GiB per device but the device has "
                      f"{limit / 2**30:.2f} GiB. Lower data.batch_size, raise train.grad_accum_steps, set "
-                     "train.remat=True, use model.dtype=bfloat16, or shard parameters over more devices "
-                     "(mesh.fsdp / mesh.tensor).")
+                     "model.remat_policy=nothing_saveable, use model.dtype=bfloat16, or shard parameters over more "
+                     "devices (mesh.fsdp / mesh.tensor).")
 
 
 class SummaryWriter:

@@ -3,6 +3,7 @@ checkpoint.read_params) or an export folder (hourglass-export's model.safetensor
 weights.load_params), and the run config an export is used with: its card's model section, with the data and the
 rest from --config (or, where no data is read, the defaults and the card's training length)."""
 
+import dataclasses
 import os
 
 import jax
@@ -43,14 +44,14 @@ def export_config(path, cfg: ml_collections.ConfigDict | None = None,
   return out
 
 
-def read(source, abstract_params, cfg: ml_collections.ConfigDict, log=print) -> tuple[object, object]:
-  """(params onto `abstract_params`' shardings, step) of a workdir's newest sound checkpoint (checked against `cfg`)
-  or of an export folder (its card's step; `cfg.model` as export_config made it)."""
+def read(source, abstract_params, run, log=print) -> tuple[object, object]:
+  """(params onto `abstract_params`' shardings, step) of a workdir's newest sound checkpoint (checked against the
+  RunConfig `run`) or of an export folder (its card's step; `run.model` made from export_config's model section)."""
   if not is_export(source):
-    params, step, _ = read_params(source, abstract_params, cfg, log=log)
+    params, step, _ = read_params(source, abstract_params, run, log=log)
     return params, step
   card = weights.read_card(source)
-  overrides = {k: v for k, v in cfg.model.items() if k in card["model"] and card["model"][k] != v}
+  overrides = {k: v for k, v in dataclasses.asdict(run.model).items() if k in card["model"] and card["model"][k] != v}
   loaded = weights.load_params(source, **overrides)
   params = jax.tree.map(lambda a, x: jax.make_array_from_callback(a.shape, a.sharding, lambda index: x[index]),
                         abstract_params, loaded.params)

@@ -1,19 +1,21 @@
-"""AdamW with global-norm clipping and a warmup + decay schedule, all from the `train` config section."""
+"""AdamW with global-norm clipping and a warmup + decay schedule, all from the `train` section (TrainSettings)."""
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from hourglass_jax.train.settings import TrainSettings
+
 DECAYED = ("kernel", "embedding")  # norms, biases and attention position biases are not decayed
 
 
-def make_schedule(train_cfg) -> optax.Schedule:
+def make_schedule(train: TrainSettings) -> optax.Schedule:
   """Linear warmup from 0 to `learning_rate`, then cosine (to min_lr_ratio * lr), rsqrt or constant."""
-  lr, warmup, steps = train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.steps
-  if train_cfg.schedule == "cosine":
+  lr, warmup, steps = train.learning_rate, train.warmup_steps, train.steps
+  if train.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1),
-                                              end_value=lr * train_cfg.min_lr_ratio)
-  if train_cfg.schedule == "rsqrt":
+                                              end_value=lr * train.min_lr_ratio)
+  if train.schedule == "rsqrt":
     scale = max(warmup, 1)
     decay = lambda count: lr * jnp.sqrt(scale / jnp.maximum(count + scale, 1))
   else:
@@ -33,11 +35,11 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(lambda path, _: _leaf_name(path) in DECAYED, params)
 
 
-def make_optimizer(train_cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(train: TrainSettings) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """(optimizer, schedule): clip_by_global_norm -> AdamW(b1, b2, eps, masked weight decay)."""
-  schedule = make_schedule(train_cfg)
-  adamw = optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
-                      weight_decay=train_cfg.weight_decay, mask=decay_mask)
-  if train_cfg.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip_norm), adamw), schedule
+  schedule = make_schedule(train)
+  adamw = optax.adamw(schedule, b1=train.b1, b2=train.b2, eps=train.eps,
+                      weight_decay=train.weight_decay, mask=decay_mask)
+  if train.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw), schedule
   return adamw, schedule

@@ -7,35 +7,33 @@ import shlex
 
 import jax
 
-from hourglass_jax.model import ModelConfig
 from hourglass_jax.model import counting
 from hourglass_jax.train import metrics
-from hourglass_jax.train.settings import TrainSettings
 
 
-def model_flops_per_step(cfg) -> int | None:
-  """Analytic training FLOPs of one step: 3x the forward matmul FLOPs (forward + backward) per sequence."""
+def model_flops_per_step(run) -> int | None:
+  """Analytic training FLOPs of one step of the RunConfig `run`: 3x the forward matmul FLOPs (forward + backward)
+  per sequence."""
   try:
-    forward = counting.forward_flops(ModelConfig.from_dict(cfg.model), cfg.data.seq_len)
+    forward = counting.forward_flops(run.model, run.data.seq_len)
   except Exception:  # model kinds the analytic counter does not cover
     return None
-  return 3 * forward * cfg.data.batch_size
+  return 3 * forward * run.data.batch_size
 
 
 def report_compiled(trainer, compiled, log) -> dict:
   """Logs the run's shape and cost; raises TrainError when the step cannot fit in device memory."""
-  cfg, mesh = trainer.cfg, trainer.mesh
+  run, mesh = trainer.run, trainer.mesh
   xla_flops = metrics.cost_flops(compiled)
-  model_flops = model_flops_per_step(cfg)
+  model_flops = model_flops_per_step(run)
   needed, limit = metrics.memory_bytes(compiled), metrics.device_memory_limit()
-  peak, peak_source = metrics.peak_flops_per_device(cfg.train.peak_flops_per_device, cfg.model.dtype)
+  peak, peak_source = metrics.peak_flops_per_device(run.train.peak_flops_per_device, run.model.dtype)
   devices = mesh.devices.size
   mesh_text = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
-  accum = f", {cfg.train.grad_accum_steps} micro-batches" if cfg.train.grad_accum_steps > 1 else ""
-  train = TrainSettings.of(cfg.train)
-  remat_text = f", remat ({train.remat_policy})" if train.remat else ""
-  log(f"model: {cfg.model.kind} {cfg.model.get('hierarchy', '')}, {trainer.num_params:,} params, "
-      f"dtype {cfg.model.dtype}{remat_text}")
+  accum = f", {run.train.grad_accum_steps} micro-batches" if run.train.grad_accum_steps > 1 else ""
+  remat_text = f", remat ({run.model.remat_policy})" if run.model.remat_policy != "none" else ""
+  log(f"model: {run.model.kind} {run.model.hierarchy}, {trainer.num_params:,} params, "
+      f"dtype {run.model.dtype}{remat_text}")
   log(f"devices: {devices} x {jax.devices()[0].device_kind} in {jax.process_count()} process(es), mesh "
       f"{mesh_text}; batch {trainer.batch_size} x {trainer.seq_len} tokens{accum}")
   flops_text = f"{model_flops / 1e9:,.2f} GFLOPs/step (model, 3x forward)" if model_flops else "model FLOPs n/a"

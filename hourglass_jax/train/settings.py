@@ -7,7 +7,6 @@ import numpy as np
 from hourglass_jax.settings import Section
 
 SCHEDULES = ("cosine", "rsqrt", "constant")
-REMAT_POLICIES = ("nothing_saveable", "dots_saveable")  # the model's layer_config.REMAT_POLICIES but 'none'
 MAX_STEPS = 2**31 - 1  # the train state's step counter is int32
 SEEDS = 2**32  # grain's and numpy's seeds are unsigned 32-bit integers
 MIN_EPS = float(np.finfo(np.float32).tiny)  # Adam's eps in float32: a smaller one is 0 or denormal (flushed to 0)
@@ -15,7 +14,7 @@ MIN_EPS = float(np.finfo(np.float32).tiny)  # Adam's eps in float32: a smaller o
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainSettings(Section):
-  """The run's length, optimizer (AdamW), schedule, rematerialisation, logging and evaluation intervals."""
+  """The run's length, optimizer (AdamW), schedule, logging and evaluation intervals."""
   steps: int = 1000  # optimizer steps of the run (a larger value trains a finished run on)
   learning_rate: float = 1e-3  # the peak learning rate
   schedule: str = "cosine"  # 'cosine' | 'rsqrt' | 'constant', each after a linear warmup from 0
@@ -27,10 +26,6 @@ class TrainSettings(Section):
   weight_decay: float = 0.0  # AdamW's decoupled weight decay, on kernels and embeddings only
   grad_clip_norm: float = 1.0  # global-norm gradient clipping (0 = off)
   grad_accum_steps: int = 1  # micro-batches per step (the batch is split, the gradients averaged)
-  remat: bool = False  # recompute each block's activations in the backward pass (less memory, more compute)
-  # with remat, what a block still saves: 'nothing_saveable' (least memory) | 'dots_saveable' (keeps matmul
-  # outputs: less recompute, more memory)
-  remat_policy: str = "nothing_saveable"
   seed: int = 0  # initialisation, dropout and data order
   log_every: int = 10  # steps between metrics.jsonl / TensorBoard lines
   eval_every: int = 200  # steps between evaluations (every run also evaluates at its end)
@@ -41,7 +36,6 @@ class TrainSettings(Section):
 
   def check_values(self) -> None:
     self.choice("schedule", SCHEDULES)
-    self.choice("remat_policy", REMAT_POLICIES)
     self.at_least(1, "steps", "grad_accum_steps", "log_every")
     self.below(MAX_STEPS + 1, "steps", "the step counter is a 32-bit integer")
     self.at_least(0, "warmup_steps", "eval_every", "sample_bytes")

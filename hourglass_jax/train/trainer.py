@@ -1,45 +1,46 @@
-"""A config's compiled pieces on a mesh: `Evaluator` (model, parameter layout, batch sharding, eval splits, the
+"""A run config's compiled pieces on a mesh: `Evaluator` (model, parameter layout, batch sharding, eval splits, the
 jitted eval step: no optimizer, no train step, no train split) and `Trainer` (adds the train split, optimizer, state
-layout and the jitted train step); `compile_ahead` compiles a Trainer's step for a mesh that may have no devices
-(launch/aot_compile_tpu.py, benchmarks/gpu_offline.py)."""
+layout and the jitted train step), each made from a RunConfig (hourglass_jax/config/run.py); `compile_ahead`
+compiles a Trainer's step for a mesh that may have no devices (launch/aot_compile_tpu.py, benchmarks/gpu_offline.py)."""
 
 import functools
 import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from hourglass_jax import sharding, xla_options
+from hourglass_jax.config.run import RunConfig
 from hourglass_jax.data import pipeline, sources
-from hourglass_jax.model import ModelConfig, build_model
+from hourglass_jax.model import build_model
 from hourglass_jax.train import checks
 from hourglass_jax.train.optimizer import make_optimizer
-from hourglass_jax.train.remat import training_model_config
 from hourglass_jax.train.state import create_state, make_init_fn, state_layout
 from hourglass_jax.train.step import make_train_step, token_losses_and_sown
 
 
 class Evaluator:
-  """Validates `cfg` against `mesh` (before anything compiles) and holds what evaluating its params needs."""
+  """Checks the run config `run` against `mesh` (before anything compiles) and holds what evaluating its params
+  needs."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, model_cfg: ModelConfig | None = None):
-    self.cfg, self.mesh = cfg, mesh
-    self.model = build_model(model_cfg or ModelConfig.from_dict(cfg.model))
-    checks.check_config(cfg, cfg.model.vocab_size)
-    checks.check_window(self.model.cfg, cfg.data.seq_len)
-    self.rules = sharding.logical_rules(cfg.mesh)
+  def __init__(self, run: RunConfig, mesh: jax.sharding.Mesh):
+    if not isinstance(run, RunConfig):
+      raise TypeError(f"{type(self).__name__} takes a RunConfig, not a {type(run).__name__}: make one with "
+                      "hourglass_jax.config.run_config(cfg).")
+    self.run, self.mesh = run, mesh
+    self.model = build_model(run.model)
+    self.rules = run.mesh.rules
     self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
-    checks.check_batch_split(cfg, sharding.batch_parallelism(mesh, self.rules), jax.process_count())
-    self.batch_size, self.seq_len = cfg.data.batch_size, cfg.data.seq_len
+    checks.check_batch_split(run.data, run.train, sharding.batch_parallelism(mesh, self.rules), jax.process_count())
+    self.batch_size, self.seq_len = run.data.batch_size, run.data.seq_len
     self.rows = sharding.process_rows(self.batch_sharding, self.batch_size, (self.seq_len + 1,))
-    self.compiler_options = xla_options.compiler_options(cfg.model.dtype, mesh.devices.flat[0].platform)
+    self.compiler_options = xla_options.compiler_options(run.model.dtype, mesh.devices.flat[0].platform)
     self._layout()
 
   def _layout(self):
     """The params' abstract tree and shardings (`abstract`, `shardings`, `param_shardings`)."""
-    self.init_fn = make_init_fn(self.model, None, self.seq_len, self.cfg.train.seed)
+    self.init_fn = make_init_fn(self.model, None, self.seq_len, self.run.train.seed)
     self.abstract, self.shardings = state_layout(self.init_fn, self.mesh, self.rules)
     self.param_shardings = self.shardings
 
@@ -49,8 +50,8 @@ class Evaluator:
     return jax.make_array_from_process_local_data(self.batch_sharding, local, shape)
 
   def eval_source(self, split: str):
-    return sources.make_source(self.cfg.data, split, self.cfg.model.vocab_size, self.cfg.train.seed,
-                               eval_windows=True)
+    run = self.run
+    return sources.make_source(run.data, split, run.model.vocab_size, run.train.seed, eval_windows=True)
 
   @functools.cached_property
   def eval_step(self):
@@ -68,23 +69,20 @@ class Evaluator:
 
 
 class Trainer(Evaluator):
-  """An Evaluator of the training model (remat) that also holds the train split, optimizer and jitted train step;
-  `abstract` and `shardings` are the whole train state's."""
-
-  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-    super().__init__(cfg, mesh, training_model_config(cfg))
+  """An Evaluator that also holds the train split, optimizer and jitted train step; `abstract` and `shardings` are
+  the whole train state's."""
 
   def _layout(self):
-    cfg = self.cfg
-    self.train_source = sources.make_source(cfg.data, "train", cfg.model.vocab_size, cfg.train.seed)
-    checks.check_train_windows(cfg.data, len(self.train_source))
-    self.eval_source(cfg.data.eval_split)  # every run evaluates at its end: a split too short fails now, not then
-    self.optimizer, self.schedule = make_optimizer(cfg.train)
-    self.init_fn = make_init_fn(self.model, self.optimizer, self.seq_len, cfg.train.seed)
+    run = self.run
+    self.train_source = sources.make_source(run.data, "train", run.model.vocab_size, run.train.seed)
+    checks.check_train_windows(run.data, len(self.train_source))
+    self.eval_source(run.data.eval_split)  # every run evaluates at its end: a split too short fails now, not then
+    self.optimizer, self.schedule = make_optimizer(run.train)
+    self.init_fn = make_init_fn(self.model, self.optimizer, self.seq_len, run.train.seed)
     self.abstract, self.shardings = state_layout(self.init_fn, self.mesh, self.rules)
     self.param_shardings = self.shardings.params
     self.num_params = sum(leaf.size for leaf in jax.tree.leaves(self.abstract.params))
-    step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, cfg.train.grad_accum_steps)
+    step = make_train_step(self.model, self.optimizer, self.schedule, self.rules, run.train.grad_accum_steps)
     # The train step keeps XLA's defaults: with dense kernel gradients taken as (x^T) dy its bfloat16 dots run
     # natively in YNNPACK, 1.27x faster than under the option (benchmarks/throughput.py --dtypes float32,bfloat16).
     self.train_step = jax.jit(step, in_shardings=(self.shardings, self.batch_sharding),
@@ -99,17 +97,17 @@ class Trainer(Evaluator):
     return self.train_step.lower(self.abstract, tokens).compile()
 
   def train_iterator(self):
-    return pipeline.train_iterator(self.train_source, self.cfg.train.seed, self.batch_size, self.rows)
+    return pipeline.train_iterator(self.train_source, self.run.train.seed, self.batch_size, self.rows)
 
 
-def compile_ahead(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, backend: str | None = None):
+def compile_ahead(run: RunConfig, mesh: jax.sharding.Mesh, backend: str | None = None):
   """(Trainer, its train step compiled ahead of time, seconds) on `mesh`, which may be a deviceless topology's;
   `backend` is what jax.default_backend() reads meanwhile, so attention='auto' resolves as on that accelerator."""
   real = jax.default_backend
   if backend:
     jax.default_backend = lambda: backend
   try:
-    trainer = Trainer(cfg, mesh)
+    trainer = Trainer(run, mesh)
     start = time.perf_counter()
     with jax.set_mesh(mesh):
       compiled = trainer.compile_train_step()
