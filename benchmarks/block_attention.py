@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import append_result, interleave, loadavg, median, parse_with_quick  # noqa: E402
 from hourglass_jax.model.layers import causal_mask  # noqa: E402
-from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask  # noqa: E402
+from hourglass_jax.model.resampling import shorten_mask, upsample_mask  # noqa: E402
 from hourglass_jax.ops.attention import dot_product_attention  # noqa: E402
 from hourglass_jax.ops.block_attention import block_attention, make_plan  # noqa: E402
 

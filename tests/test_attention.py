@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from hourglass_jax.model.layers import causal_mask
-from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask
+from hourglass_jax.model.resampling import shorten_mask, upsample_mask
 from hourglass_jax.ops.dropout import keep_mask
 from hourglass_jax.ops.attention import (dot_product_attention, fused_attention, reference_attention,
                                          resolve_implementation, sharded_splash_attention, splash_attention)

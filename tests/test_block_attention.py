@@ -7,7 +7,7 @@ import pytest
 
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.model.positions import relative_distance_index
-from hourglass_jax.model.hourglass.resampling import shorten_mask, upsample_mask
+from hourglass_jax.model.resampling import shorten_mask, upsample_mask
 from hourglass_jax.model.multiscale.attention import retina_mask
 from hourglass_jax.ops import block_attention as ba
 from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.resampling import shorten_mask
+from hourglass_jax.model.resampling import shorten_mask
 from hourglass_jax.model.layers import causal_mask
 from hourglass_jax.ops.attention import dot_product_attention, reference_attention, resolve_implementation
 from hourglass_jax.ops.dropout import keep_mask

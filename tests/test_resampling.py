@@ -6,7 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax.model.hourglass.resampling import Shorten, Upsample, shift_right, shorten_mask, upsample_mask
+from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
+from hourglass_jax.model import counting
+from hourglass_jax.model.config import ModelConfig
+from hourglass_jax.model.resampling import (DOWNSAMPLERS, SHORTEN_METHODS, SHORTENINGS, UPSAMPLE_METHODS, UPSAMPLERS,
+                                           Shortening, downsampling, register_shortening, scale_upsampling,
+                                           shift_right, shorten_mask, shortening, upsample_mask)
 
 D, N, F, B, L = 16, 2, 32, 2, 12
 H = D // N
@@ -150,7 +155,7 @@ def test_masks_brute_force(length, k):
 
 
 @pytest.mark.parametrize("k,outer", KS_OUTERS)
-@pytest.mark.parametrize("option", ["avg", "linear", "attention_avg", "attention_linear"])
+@pytest.mark.parametrize("option", SHORTEN_METHODS)
 def test_shorten_matches_numpy(option, k, outer):
   module = Shorten(factor=k, method=option, outer_factor=outer, **OPTIONS)
   x = rand(B, L, D)
@@ -162,7 +167,7 @@ def test_shorten_matches_numpy(option, k, outer):
 
 
 @pytest.mark.parametrize("k,outer", KS_OUTERS)
-@pytest.mark.parametrize("option", ["repeat", "linear", "attention_repeat", "attention_linear", "none"])
+@pytest.mark.parametrize("option", UPSAMPLE_METHODS)
 def test_upsample_matches_numpy(option, k, outer):
   module = Upsample(factor=k, method=option, outer_factor=outer, **OPTIONS)
   s, r = rand(B, L // k, D, seed=1), rand(B, L, D, seed=2)
@@ -197,3 +202,37 @@ def test_perturbation_makes_layer_norm_params_nontrivial():
   module = Shorten(factor=2, method="attention_avg", **OPTIONS)
   _, p = init_perturbed(module, rand(B, L, D))
   assert not np.allclose(p["input_norm"]["scale"], 1.0) and not np.allclose(p["input_norm"]["bias"], 0.0)
+
+
+def test_the_registries_list_every_method_in_order_and_the_multiscale_names_are_the_same_methods():
+  assert SHORTEN_METHODS == ("avg", "linear", "attention_avg", "attention_linear")
+  assert UPSAMPLE_METHODS == ("repeat", "linear", "attention_repeat", "attention_linear", "none")
+  assert (DOWNSAMPLERS, UPSAMPLERS) == (("avg", "conv"), ("repeat", "transposed_conv"))
+  assert downsampling("conv") is shortening("linear") and scale_upsampling("transposed_conv").key == "linear"
+  with pytest.raises(ValueError, match="Shorten.method='max'.*avg, linear"):
+    Shorten(factor=2, method="max", **OPTIONS).init(jax.random.PRNGKey(0), rand(B, L, D))
+
+
+def test_a_method_registered_in_one_module_is_picked_by_name_and_counts_itself():
+  """A new shortening is one class and one registration: Shorten runs it, the cost count asks it for its own."""
+  class MaxPool(Shortening):
+    key = "test_max"
+
+    @classmethod
+    def pool(cls, cfg, k, h_BxLxD, deterministic, name="pool"):
+      b, length, d = h_BxLxD.shape
+      return h_BxLxD.reshape(b, length // k, k, d).max(axis=2)
+
+    pool_cost = classmethod(lambda cls, cfg, k, short: (7, 11 * short))
+
+  register_shortening(MaxPool)
+  try:
+    x = rand(B, L, D)
+    got = np.asarray(Shorten(factor=3, method="test_max", **OPTIONS).apply({}, x))
+    np.testing.assert_allclose(got, np_shift(x, 2).reshape(B, L // 3, 3, D).max(axis=2))
+    cfg = ModelConfig(hierarchy="1@1 1@3 1@1", shorten="test_max", upsample="repeat", d_model=D, num_heads=N,
+                      d_ff=F, vocab_size=16)
+    part = {part.name: part for part in counting.count(cfg, L)}["shorten@1->3"]
+    assert (part.params, part.flops) == (7, 11 * L // 3)
+  finally:
+    del SHORTENINGS["test_max"]

@@ -4,15 +4,14 @@ import dataclasses
 from typing import Any, Mapping
 
 from hourglass_jax.model.draft_heads import DraftHeadSettings, check_draft_head_settings
-from hourglass_jax.model.hourglass.body import HourglassSettings
-from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
+from hourglass_jax.model.hourglass.hierarchy import Hierarchy, HourglassSettings, parse_hierarchy
 from hourglass_jax.model.layer_config import (ATTENTION_IMPLS, DTYPES, EVERY_KIND, LAYER_FIELDS, POSITIONS,
                                               REMAT_POLICIES, BlockSettings, LayerConfig, VocabSettings, check_choice,
                                               check_int, check_layer_settings, check_types, setting)
 from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DYNAMIC_FIELDS, DynamicSettings, BoundaryPredictor,
                                                          check_dynamic_settings, level_predictors)
-from hourglass_jax.model.hourglass.resampling import SHORTEN_METHODS, UPSAMPLE_METHODS
-from hourglass_jax.model.multiscale.resampling import DOWNSAMPLERS, UPSAMPLERS
+from hourglass_jax.model.resampling import (DOWNSAMPLERS, SHORTEN_METHODS, SHORTENINGS, UPSAMPLE_METHODS, UPSAMPLERS,
+                                           UPSAMPLINGS)
 from hourglass_jax.model.multiscale.scales import MULTISCALE_KINDS, MultiScale, MultiScaleSettings, parse_multiscale
 
 KINDS = ("hourglass", "vanilla", "topdown", "bottomup", "retina")
@@ -30,7 +29,7 @@ class ModelConfig(DraftHeadSettings, DynamicSettings, MultiScaleSettings, Hourgl
 
   Every field but `kind` is declared once in the settings class of the modules that read it: the block settings
   (d_model, num_heads, ..., `BlockSettings`, layer_config.py), `vocab_size` (`VocabSettings`), the Hourglass body's
-  (`HourglassSettings`, hourglass/body.py), the multi-scale fields (`MultiScaleSettings`, multiscale/scales.py),
+  (`HourglassSettings`, hourglass/hierarchy.py), the multi-scale fields (`MultiScaleSettings`, multiscale/scales.py),
   for shorten='dynamic' the dynamic level's and its predictors' (`DynamicSettings`, hourglass/dynamic/), and the
   multi-byte draft heads' (`DraftHeadSettings`, draft_heads.py).
   hourglass and vanilla take their depth from `hierarchy`; retina (one stack) from a single-level `hierarchy` such
@@ -48,8 +47,8 @@ class ModelConfig(DraftHeadSettings, DynamicSettings, MultiScaleSettings, Hourgl
       raise ValueError(f"model.vocab_size={self.vocab_size:,} is more than int32 token ids can name (at most "
                        f"{MAX_VOCAB_SIZE:,}); byte-level models use 256.")
     check_layer_settings(self, "model.")
-    check_choice("model.shorten", self.shorten, SHORTEN + (DYNAMIC,))
-    check_choice("model.upsample", self.upsample, UPSAMPLE)
+    check_choice("model.shorten", self.shorten, (*SHORTENINGS, DYNAMIC))  # the registry as it is now
+    check_choice("model.upsample", self.upsample, tuple(UPSAMPLINGS))
     check_choice("model.downsampler", self.downsampler, DOWNSAMPLERS)
     check_choice("model.upsampler", self.upsampler, UPSAMPLERS)
     hierarchy = parse_hierarchy(self.hierarchy)

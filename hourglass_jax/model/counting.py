@@ -7,8 +7,10 @@ Parts are named `stage@factor`, the factor being the total shortening (multi-sca
 
 import dataclasses
 
+from hourglass_jax.model import costs
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.dynamic.level import max_segments
+from hourglass_jax.model.resampling import downsampling, scale_upsampling, shortening, upsampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,65 +24,30 @@ class Part:
   flops: int
 
 
-def _norm(d: int) -> int:
-  return 2 * d
-
-
-def _attention(cfg: ModelConfig, queries: int, keys: int) -> tuple[int, int]:
-  d = cfg.d_model
-  params = 4 * (d * d + d)
-  flops = 2 * d * d * (2 * queries + 2 * keys) + 2 * 2 * queries * keys * d
-  if cfg.position == "relative":
-    distances = queries + keys  # upper bound of distinct distances; the exact table is no longer than this
-    params += d * d + 2 * d
-    flops += 2 * distances * d * d + 2 * queries * distances * d
-  return params, flops
-
-
-def _block(cfg: ModelConfig, attention: tuple[int, int], tokens: int, norms: int) -> tuple[int, int]:
-  """`attention`'s (params, FLOPs) with the feed-forward of its `tokens` output rows and `norms` LayerNorms."""
-  d, f = cfg.d_model, cfg.d_ff
-  return attention[0] + 2 * d * f + f + d + norms * _norm(d), attention[1] + 2 * 2 * tokens * d * f
-
-
 def _stack(cfg: ModelConfig, num_layers: int, tokens: int) -> tuple[int, int]:
-  block_p, block_f = _block(cfg, _attention(cfg, tokens, tokens), tokens, 2)
-  return num_layers * block_p + _norm(cfg.d_model), num_layers * block_f
+  block_p, block_f = costs.block(cfg, costs.attention(cfg, tokens, tokens), tokens, 2)
+  return num_layers * block_p + costs.norm(cfg.d_model), num_layers * block_f
 
 
 def _shorten(cfg: ModelConfig, k: int, length: int, level: int = 0) -> tuple[int, int]:
-  d, short = cfg.d_model, length // k
-  params, flops = 0, 0
-  if cfg.shorten == "dynamic":  # mean pooling, and what the level's predictor adds
-    params, flops = cfg.level_predictors[level].cost(cfg, length)
-    if cfg.segment_pooling == "linear":  # k matrices; each position is projected by all k, then one is kept
-      params, flops = params + k * d * d + d, flops + 2 * length * k * d * d
-    return params, flops
-  if cfg.shorten.endswith("linear"):
-    params, flops = k * d * d + d, 2 * short * k * d * d
-  if cfg.shorten.startswith("attention_"):
-    tail_p, tail_f = _block(cfg, _attention(cfg, short, length), short, 3)
-    params, flops = params + tail_p, flops + tail_f
+  """The level's shortening: a fixed method's own count, or a dynamic level's."""
+  if not cfg.dynamic:
+    return shortening(cfg.shorten).cost(cfg, k, length)
+  d = cfg.d_model  # mean pooling, and what the level's predictor adds
+  params, flops = cfg.level_predictors[level].cost(cfg, length)
+  if cfg.segment_pooling == "linear":  # k matrices; each position is projected by all k, then one is kept
+    params, flops = params + k * d * d + d, flops + 2 * length * k * d * d
   return params, flops
 
 
 def _upsample(cfg: ModelConfig, k: int, length: int) -> tuple[int, int]:
-  d, short = cfg.d_model, length // k
-  if cfg.upsample == "none":
-    return 0, 0
-  params, flops = _norm(d), 0
-  if cfg.upsample.endswith("linear"):
-    params, flops = params + d * k * d + k * d, 2 * short * d * k * d
-  if cfg.upsample.startswith("attention_"):
-    tail_p, tail_f = _block(cfg, _attention(cfg, length, short), length, 3)
-    params, flops = params + tail_p, flops + tail_f
-  return params, flops
+  return upsampling(cfg.upsample).cost(cfg, k, length)
 
 
 def _scale_attention(cfg: ModelConfig, queries: int, groups: list[tuple[int, int, int]]) -> tuple[int, int]:
   """Head groups (heads, keys, distinct distances) reading their own streams: MultiHeadAttention's params."""
   d, width = cfg.d_model, cfg.head_dim
-  params, flops = _attention(cfg, queries, 0)[0], 2 * 2 * queries * d * d
+  params, flops = costs.attention(cfg, queries, 0)[0], 2 * 2 * queries * d * d
   for heads, keys, distances in groups:
     flops += 2 * 2 * keys * d * heads * width + 2 * 2 * queries * keys * heads * width
     if cfg.position == "relative":
@@ -89,13 +56,11 @@ def _scale_attention(cfg: ModelConfig, queries: int, groups: list[tuple[int, int
 
 
 def _downsample(cfg: ModelConfig, k: int, tokens_out: int) -> tuple[int, int]:
-  d = cfg.d_model
-  return (k * d * d + d, 2 * tokens_out * k * d * d) if cfg.downsampler == "conv" else (0, 0)
+  return downsampling(cfg.downsampler).pool_cost(cfg, k, tokens_out)
 
 
 def _topdown_upsample(cfg: ModelConfig, k: int, tokens_in: int) -> tuple[int, int]:
-  d = cfg.d_model
-  return (d * k * d + k * d, 2 * tokens_in * d * k * d) if cfg.upsampler == "transposed_conv" else (0, 0)
+  return scale_upsampling(cfg.upsampler).unpool_cost(cfg, k, tokens_in)
 
 
 def _hourglass_parts(cfg: ModelConfig, length: int) -> list[Part]:
@@ -145,7 +110,7 @@ def _bottomup_parts(cfg: ModelConfig, length: int) -> list[Part]:
                       *_downsample(cfg, scales.relative_factor(i + 1), tokens)))
     parts.append(Part(f"scale@{f[i]}", f[i], tokens, scales.layers[i], *_stack(cfg, scales.layers[i], tokens)))
   groups = [(n, length // s, length) for n, s in zip(scales.heads, f)]
-  parts.append(Part("aggregate@1", 1, length, 1, *_block(cfg, _scale_attention(cfg, length, groups), length, 2)))
+  parts.append(Part("aggregate@1", 1, length, 1, *costs.block(cfg, _scale_attention(cfg, length, groups), length, 2)))
   parts.append(Part("scale@1", 1, length, scales.layers[-1], *_stack(cfg, scales.layers[-1], length)))
   return parts
 
@@ -157,9 +122,9 @@ def _retina_parts(cfg: ModelConfig, length: int) -> list[Part]:
                                                                           scales.windows)]
   pools = [_downsample(cfg, scales.relative_factor(i), length // scales.factors[i - 1])
            for i in range(1, len(scales.factors))]
-  block_p, block_f = _block(cfg, _scale_attention(cfg, length, groups), length, 2)
+  block_p, block_f = costs.block(cfg, _scale_attention(cfg, length, groups), length, 2)
   block_p, block_f = block_p + sum(p for p, _ in pools), block_f + sum(f for _, f in pools)
-  return [Part("retina@1", 1, length, num_layers, num_layers * block_p + _norm(d), num_layers * block_f)]
+  return [Part("retina@1", 1, length, num_layers, num_layers * block_p + costs.norm(d), num_layers * block_f)]
 
 
 _BODY_PARTS = {"hourglass": _hourglass_parts, "vanilla": _hourglass_parts, "topdown": _topdown_parts,

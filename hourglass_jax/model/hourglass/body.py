@@ -7,8 +7,6 @@ The same module decodes with a cache (`cache`, `position`): a level's cache hold
 'post', or 'layers' at the center), its level's own entries and the next level's cache ('inner').
 """
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,19 +18,10 @@ from hourglass_jax.model.hourglass import fixed_body
 from hourglass_jax.model.hourglass.dynamic import body as dynamic_body
 from hourglass_jax.model.hourglass.dynamic.level import (DYNAMIC, DynamicSettings, DynamicShorten, DynamicUpsample,
                                                          BoundaryPredictor, dynamic_options, level_predictors)
-from hourglass_jax.model.hourglass.hierarchy import Hierarchy, parse_hierarchy
-from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields, setting
+from hourglass_jax.model.hourglass.hierarchy import Hierarchy, HourglassSettings, parse_hierarchy
+from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, module_fields
 from hourglass_jax.model.layers import DecoderStack
 from hourglass_jax.model.hourglass.resampling import Shorten, Upsample
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class HourglassSettings:
-  """The Hourglass body's settings (the paper's enwik8 model): `ModelConfig` inherits them, `Hourglass` takes them."""
-  # the levels, N layers at cumulative shortening factor F each ("N@F ..."); vanilla and retina: one level, its depth
-  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))
-  shorten: str = setting("attention_avg", function_of=("hourglass",))  # SHORTEN_METHODS, or 'dynamic' (learned)
-  upsample: str = setting("attention_repeat", function_of=("hourglass",))  # UPSAMPLE_METHODS
 
 
 def new_hourglass_cache(cfg: LayerConfig, hierarchy: Hierarchy, shorten: str, upsample: str, batch: int,

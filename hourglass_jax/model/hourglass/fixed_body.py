@@ -10,21 +10,19 @@ import jax.numpy as jnp
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layers import pad_to
+from hourglass_jax.model.resampling import shortening, upsampling
 
 
 def level_cache(cfg, hierarchy, shorten: str, upsample: str, batch: int, padded: int):
   """(this level's cache entries: the pre-stack outputs 'stream' shifted by k-1 rows (what shortened tokens pool),
-  the inner level's outputs 'z', the attention resampling caches 'short' and 'up'; the inner level's stream length,
-  None when nothing reads it)."""
-  k = hierarchy.relative_factor(0)
-  if upsample == "none":
+  the inner level's outputs 'z', and the resampling methods' own (the attention methods' 'short' and 'up'); the
+  inner level's stream length, None when nothing reads it)."""
+  k, up = hierarchy.relative_factor(0), upsampling(upsample)
+  if not up.reads_shortened:
     return {}, None
   entries = dict(stream=kv_cache.new_stream(cfg, batch, padded, lead=k - 1),
                  z=kv_cache.new_stream(cfg, batch, padded // k))
-  if shorten.startswith("attention_"):
-    entries["short"] = kv_cache.new_kv(cfg, batch, padded)
-  if upsample.startswith("attention_"):
-    entries["up"] = kv_cache.new_kv(cfg, batch, padded // k)
+  entries.update(shortening(shorten).cache(cfg, batch, padded, k), **up.cache(cfg, batch, padded, k))
   return entries, padded // k
 
 
@@ -50,7 +48,7 @@ def decode(body, hierarchy, options, x_BxTxD, cache, start, lengths_B=None, **in
   cache = dict(cache)
   x_BxTxD, cache["pre"] = body.stack(hierarchy.levels[0][0], "pre", options)(x_BxTxD, True, cache["pre"], index_T)
   y_BxTxD = x_BxTxD
-  if body.upsample != "none":
+  if upsampling(body.upsample).reads_shortened:
     k, size = hierarchy.relative_factor(0), cache["z"].shape[1]
     cache["stream"] = kv_cache.write_rows(cache["stream"], x_BxTxD, start + k - 1)
     new = kv_cache.coarse_tokens(start, length, k, size)

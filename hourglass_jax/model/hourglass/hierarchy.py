@@ -1,9 +1,21 @@
-"""Hourglass hierarchy notation: '5@1 24@3 5@1' = N layers at cumulative shortening factor F."""
+"""Hourglass hierarchy notation: '5@1 24@3 5@1' = N layers at cumulative shortening factor F; and the Hourglass
+body's settings (`HourglassSettings`), which the body and its resampling modules read."""
 
 import dataclasses
 import re
 
+from hourglass_jax.model.layer_config import setting
+
 _TOKEN = re.compile(r"^(\d+)@(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HourglassSettings:
+  """The Hourglass body's settings (the paper's enwik8 model): `ModelConfig` inherits them, `Hourglass` takes them."""
+  # the levels, N layers at cumulative shortening factor F each ("N@F ..."); vanilla and retina: one level, its depth
+  hierarchy: str = setting("5@1 24@3 5@1", function_of=("hourglass",))
+  shorten: str = setting("attention_avg", function_of=("hourglass",))  # SHORTEN_METHODS, or 'dynamic' (learned)
+  upsample: str = setting("attention_repeat", function_of=("hourglass",))  # UPSAMPLE_METHODS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,8 @@ import flax.linen as nn
 
 from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig
-from hourglass_jax.model.hourglass.resampling import Pool, Unpool, shift_right
 from hourglass_jax.model.multiscale.scales import MultiScale
-
-DOWNSAMPLERS = ("avg", "conv")
-UPSAMPLERS = ("transposed_conv", "repeat")
+from hourglass_jax.model.resampling import downsampling, scale_upsampling, shift_right
 
 
 def downsample(cfg: LayerConfig, downsampler: str, x_BxLxD, k: int, deterministic: bool, name: str):
@@ -23,15 +20,15 @@ def downsample(cfg: LayerConfig, downsampler: str, x_BxLxD, k: int, deterministi
 
 
 def pool(cfg: LayerConfig, downsampler: str, h0_BxLxD, k: int, deterministic: bool, name: str):
-  """'avg' (mean of k) or 'conv' (strided convolution, kernel = stride = k: Pool's 'linear') of an already shifted
-  stream."""
-  return Pool(cfg, k, "avg" if downsampler == "avg" else "linear", name=name)(h0_BxLxD, deterministic)
+  """The shortening `downsampler` names ('avg': the mean of k; 'conv': a strided convolution, kernel = stride = k,
+  the 'linear' shortening) of an already shifted stream."""
+  return downsampling(downsampler).pool(cfg, k, h0_BxLxD, deterministic, name)
 
 
 def upsample(cfg: LayerConfig, upsampler: str, z_BxLkxD, k: int, deterministic: bool, name: str):
-  """'repeat' or 'transposed_conv' (Unpool's 'linear', kernel = stride = k: finer token i reads only coarse token
-  i // k)."""
-  return Unpool(cfg, k, "repeat" if upsampler == "repeat" else "linear", name=name)(z_BxLkxD, deterministic)
+  """The up-sampling `upsampler` names ('repeat', or 'transposed_conv': the 'linear' up-sampling, kernel = stride =
+  k), without the residual: finer token i reads only coarse token i // k."""
+  return scale_upsampling(upsampler).unpool(cfg, k, z_BxLkxD, deterministic, name)
 
 
 def pyramid(cfg: LayerConfig, downsampler: str, x_BxLxD, factors: tuple[int, ...], deterministic: bool) -> list:

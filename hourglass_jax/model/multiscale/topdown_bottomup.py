@@ -21,9 +21,10 @@ from hourglass_jax.model import kv_cache
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_choice, module_fields
 from hourglass_jax.model.layers import DecoderStack, dense, feed_forward_residual, layer_norm, pad_to, rematerialised
 from hourglass_jax.model.multiscale.attention import ScaleAttention
-from hourglass_jax.model.multiscale.resampling import (DOWNSAMPLERS, UPSAMPLERS, cached_pyramid, coarse_chain,
-                                                      downsample, pool, pyramid, pyramid_cache, upsample)
+from hourglass_jax.model.multiscale.resampling import (cached_pyramid, coarse_chain, downsample, pool, pyramid,
+                                                      pyramid_cache, upsample)
 from hourglass_jax.model.multiscale.scales import MultiScale, MultiScaleSettings, parse_multiscale
+from hourglass_jax.model.resampling import DOWNSAMPLERS, UPSAMPLERS
 from hourglass_jax.ops.dropout import Dropout
 
 
