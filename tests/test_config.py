@@ -45,7 +45,7 @@ from tests.helpers import CONFIGS, SMALL
     (dict(scan_unroll=-1), "model.scan_unroll=-1", "integer >= 0"),
     (dict(attention_impl="splash", position="relative"), "model.attention_impl='splash'", "position='rope'"),
     (dict(downsampler="max"), "model.downsampler='max'", "avg, conv"),
-    (dict(upsampler="linear"), "model.upsampler='linear'", "transposed_conv, repeat"),
+    (dict(upsampler="linear"), "model.upsampler='linear'", "repeat, transposed_conv"),
     (dict(kind="topdown", scales="16,5,1"), "model.scales='16,5,1'", "each an integer multiple of the next"),
     (dict(kind="topdown", scales="1,4,16"), "model.scales='1,4,16' does not end at 1", "coarse to fine"),
     (dict(kind="topdown", scales="4,4,1"), "model.scales='4,4,1'", "integer multiple"),

@@ -303,7 +303,7 @@ def test_decoding_follows_a_change_to_a_block(monkeypatch):
   """One model definition: a change to the residual tail every block shares (here its attention branch halved)
   changes the forward pass, and cached decoding follows it without a second edit."""
   from hourglass_jax.model import layers
-  from hourglass_jax.model.hourglass import resampling
+  from hourglass_jax.model.resampling import attention as resampling
   cfg = small_config(hierarchy=SINGLE_LEVEL, shorten="attention_linear", upsample="attention_linear",
                      position="relative")
   _, params = model_and_params(cfg)

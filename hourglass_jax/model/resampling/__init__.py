@@ -11,8 +11,8 @@ from hourglass_jax.model.resampling.attention import shorten_mask, upsample_mask
 
 SHORTEN_METHODS = tuple(SHORTENINGS)
 UPSAMPLE_METHODS = tuple(UPSAMPLINGS)
-DOWNSAMPLERS = tuple(cls.downsampler for cls in SHORTENINGS.values() if cls.downsampler)
-UPSAMPLERS = tuple(cls.upsampler for cls in UPSAMPLINGS.values() if cls.upsampler)
+DOWNSAMPLERS = tuple(cls.multiscale_name for cls in SHORTENINGS.values() if cls.multiscale_name)
+UPSAMPLERS = tuple(cls.multiscale_name for cls in UPSAMPLINGS.values() if cls.multiscale_name)
 
 __all__ = ["DOWNSAMPLERS", "SHORTENINGS", "SHORTEN_METHODS", "UPSAMPLERS", "UPSAMPLE_METHODS", "UPSAMPLINGS",
            "Shortening", "Upsampling", "downsampling", "register_shortening", "register_upsampling",

@@ -7,7 +7,7 @@ from hourglass_jax.model.resampling.base import Shortening, register_shortening
 @register_shortening
 class Avg(Shortening):
   key = "avg"
-  downsampler = "avg"
+  multiscale_name = "avg"
 
   @classmethod
   def pool(cls, cfg, k: int, h_BxLxD, deterministic: bool, name: str = "pool"):

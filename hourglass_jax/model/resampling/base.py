@@ -24,11 +24,11 @@ def shift_right(x_BxLxD, shift: int):
 
 class Shortening:
   """A fixed shortening method, used inside a Flax module's compact call (its submodules are the caller's). A
-  subclass declares its `key` (model.shorten / Shorten.method) and `downsampler`, its name among the multi-scale
+  subclass declares its `key` (model.shorten / Shorten.method) and `multiscale_name`, its name among the multi-scale
   models' downsamplers (None: not one); a pooling method its `pool` (k vectors -> 1, parameters under `name`) and
   `pool_cost`; a method with more (attention) its `shorten`, the decoding `cache` entries it keeps and its `cost`."""
   key: ClassVar[str]
-  downsampler: ClassVar[str | None] = None
+  multiscale_name: ClassVar[str | None] = None
 
   @classmethod
   def pool(cls, cfg: LayerConfig, k: int, h_BxLxD, deterministic: bool, name: str = "pool"):
@@ -52,12 +52,12 @@ class Shortening:
 
 class Upsampling:
   """A fixed up-sampling method, used inside a Flax module's compact call. A subclass declares its `key`
-  (model.upsample / Upsample.method), `upsampler` (its name among the multi-scale models' upsamplers; None: not
+  (model.upsample / Upsample.method), `multiscale_name` (its name among the multi-scale models' upsamplers; None: not
   one) and whether it `reads_shortened` (False: the level above needs no shortened tokens in decoding); an
   unpooling method its `unpool` (one vector -> k, parameters under `name`) and `unpool_cost`; a method with more its
   `upsample`, the decoding `cache` entries it keeps and its `cost`."""
   key: ClassVar[str]
-  upsampler: ClassVar[str | None] = None
+  multiscale_name: ClassVar[str | None] = None
   reads_shortened: ClassVar[bool] = True
 
   @classmethod
@@ -106,13 +106,13 @@ def upsampling(name: str, owner: str = "upsample") -> type[Upsampling]:
 
 def downsampling(name: str, owner: str = "downsampler") -> type[Shortening]:
   """The shortening a multi-scale model's `downsampler` names."""
-  by_name = {cls.downsampler: cls for cls in SHORTENINGS.values() if cls.downsampler}
+  by_name = {cls.multiscale_name: cls for cls in SHORTENINGS.values() if cls.multiscale_name}
   check_choice(owner, name, tuple(by_name))
   return by_name[name]
 
 
 def scale_upsampling(name: str, owner: str = "upsampler") -> type[Upsampling]:
   """The up-sampling a multi-scale model's `upsampler` names."""
-  by_name = {cls.upsampler: cls for cls in UPSAMPLINGS.values() if cls.upsampler}
+  by_name = {cls.multiscale_name: cls for cls in UPSAMPLINGS.values() if cls.multiscale_name}
   check_choice(owner, name, tuple(by_name))
   return by_name[name]

@@ -39,7 +39,7 @@ class LinearUnpool(nn.Module):
 @register_shortening
 class Linear(Shortening):
   key = "linear"
-  downsampler = "conv"
+  multiscale_name = "conv"
 
   @classmethod
   def pool(cls, cfg, k: int, h_BxLxD, deterministic: bool, name: str = "pool"):
@@ -54,7 +54,7 @@ class Linear(Shortening):
 @register_upsampling
 class LinearUp(Upsampling):
   key = "linear"
-  upsampler = "transposed_conv"
+  multiscale_name = "transposed_conv"
 
   @classmethod
   def unpool(cls, cfg, k: int, z_BxSxD, deterministic: bool, name: str = "unpool"):

@@ -8,7 +8,7 @@ from hourglass_jax.model.resampling.base import Upsampling, register_upsampling
 @register_upsampling
 class Repeat(Upsampling):
   key = "repeat"
-  upsampler = "repeat"
+  multiscale_name = "repeat"
 
   @classmethod
   def unpool(cls, cfg, k: int, z_BxSxD, deterministic: bool, name: str = "unpool"):
