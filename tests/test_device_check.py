@@ -8,10 +8,9 @@ import sys
 import pytest
 
 from benchmarks import device_check
-from tests.helpers import optimized_programs  # noqa: F401  (autouse: the battery runs its programs)
 
 
-@pytest.mark.slow  # two compiles (a train step, a decoding loop): about 35 s of CPU time
+@pytest.mark.slow  # the battery at tiny sizes, XLA's backend optimisations off as in the rest of the suite
 def test_dry_run_records_a_train_step_and_decoding_and_writes_the_summary(tmp_path):
   record = device_check.main(["--dry-run", "--skip", "tests", "--cases", "fixed", "--decode_batches", "1",
                               "--results", str(tmp_path)])

@@ -6,7 +6,7 @@ import numpy as np
 from hourglass_jax.data.settings import DataSettings
 from hourglass_jax.data.sources import split_tokens
 from hourglass_jax.train.loop import train_and_evaluate
-from tests.helpers import HOURGLASS, optimized_programs, quiet, tiny_config  # noqa: F401  (autouse: 100 steps)
+from tests.helpers import HOURGLASS, quiet, tiny_config
 
 
 def _unigram_bits(data: np.ndarray) -> float:
