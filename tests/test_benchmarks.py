@@ -60,11 +60,12 @@ def test_dynamic_decode_benchmark_matches_the_gumbel_rate_and_times_each_predict
 def test_speculative_benchmark_trains_its_runs_and_times_plain_against_each_draft(tmp_path):
   record = speculative.main(["--workdirs", str(tmp_path / "runs"), "--steps", "2", "--prose", "", "--batches", "2",
                              "--temperatures", "0", "--new_tokens", "6", "--prompt_bytes", "4", "--rounds", "1",
+                             "--drafts", "self,model",
                              "--seq_len", "16", "--model", TINY + ",hierarchy=1@1 1@2 1@1", "--draft_model",
                              "d_model=16", "--pass_cost_batches", "2", "--results", str(tmp_path)])
   (row,) = record["rows"]
   assert row["corpus"] == "code" and row["plain_tokens_per_s"] > 0
-  for draft in ("self", "ngram", "model"):
+  for draft in ("self", "model"):  # each draft is two compiled programs; the device check's dry run times 'ngram'
     assert row[draft]["same_tokens_as_plain"] and 1 <= row[draft]["tokens_per_pass"] <= 5 and row[draft]["speedup"] > 0
   assert [cost["batch"] for cost in record["pass_costs"]] == [2] and record["pass_costs"][0]["pass_over_step"] > 0
   page = (tmp_path / "speculative.md").read_text()

@@ -53,12 +53,14 @@ class Oracle(drafts.Draft):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_speculation_gives_plain_greedy_tokens_for_every_kind(kind):
-  """The n-gram draft, and a draft that is right but at its own positions in each row, at K=3 on 13 rows: the
-  tokens of plain greedy decoding; with the second, rows keep different counts and passes reject proposals."""
+  """A draft that is right but at its own positions in each row, at K=3 on 13 rows, and the n-gram draft (on the
+  hourglass: it reads the tokens only, and each draft is one more compiled program per kind): the tokens of plain
+  greedy decoding; with the first, rows keep different counts and passes reject proposals."""
   cfg = KINDS[kind]
   _, params = model_and_params(cfg)
   plain = greedy(cfg, params)
-  np.testing.assert_array_equal(greedy(cfg, params, draft="ngram", draft_tokens=3), plain)
+  if kind == "hourglass":
+    np.testing.assert_array_equal(greedy(cfg, params, draft="ngram", draft_tokens=3), plain)
   tokens, spec = greedy(cfg, params, draft=Oracle(), draft_params={"tokens": plain}, draft_tokens=3,
                         fallback_below=0, return_stats=True)
   np.testing.assert_array_equal(tokens, plain)
