@@ -11,7 +11,7 @@ from hourglass_jax.cli import main
 from hourglass_jax.train import progress
 from hourglass_jax.train.checks import warmup_warning
 from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.metrics import preformatted
+from hourglass_jax.train.metrics import preformatted, scalars_of
 from hourglass_jax.train.optimizer import make_schedule
 from hourglass_jax.train.report import example_prompt, next_steps
 from tests.helpers import tiny_config
@@ -76,6 +76,16 @@ def test_the_sample_and_eval_hints_leave_out_the_training_settings(monkeypatch):
   monkeypatch.setattr(sys, "argv", ["hourglass-train", "--config=c.py", "--workdir=w", "--config.train.steps=300",
                                     "--config.model.d_model=64", "--config.data.seq_len=128", "--config.mesh.data=2"])
   assert main._overrides() == ["--config.model.d_model=64", "--config.data.seq_len=128", "--config.mesh.data=2"]
+
+
+def test_tensorboard_draws_the_numbers_of_the_metrics_record_and_leaves_the_bookkeeping_out():
+  train = dict(step=5, split="train", loss=2.0, bits_per_byte=2.9, tokens_seen=640, tokens_per_second=9.0, mfu=0.1,
+               grad_norm=0.5, **{"body/shorten/boundary_rate": 0.3})
+  assert scalars_of(train, "train") == {"train/loss": 2.0, "train/bits_per_byte": 2.9, "perf/tokens_per_second": 9.0,
+                                        "perf/mfu": 0.1, "train/grad_norm": 0.5,
+                                        "train/body/shorten/boundary_rate": 0.3}
+  valid = dict(step=5, split="valid", loss=2.1, tokens_seen=640, whole_split=False, batches=2, total_batches=9)
+  assert scalars_of(valid, "eval_partial") == {"eval_partial/loss": 2.1}
 
 
 def test_tensorboard_text_is_a_code_block():

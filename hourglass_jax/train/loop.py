@@ -204,16 +204,17 @@ class _Run:
                    + "".join(f", {bar_label(name)} {value:.3g}" for name, value in self.train_extras.items()))
     self.bar.set_postfix_str(f"{self.losses}, {tokens / seconds:,.0f} tok/s, {seconds * 1e3:.0f} ms/step, MFU "
                              f"{mfu:.1%}", refresh=False)
-    self.writer.scalars(step, {"train/loss": loss, f"train/bits_per_{unit}": loss / math.log(2),
-                               "train/learning_rate": values["learning_rate"], "train/grad_norm": grad_norm,
-                               "train/update_norm": values["update_norm"], "perf/tokens_per_second": tokens / seconds,
-                               "perf/step_time_s": seconds, "perf/mfu": mfu})
-    # What the model reports beside the LM loss (auxiliary losses, sown metrics), from this step.
-    self.writer.scalars(step, {f"train/{name}": value for name, value in self.train_extras.items()})
-    self.metrics_log.write(dict(step=step, split="train", loss=loss, **{f"bits_per_{unit}": loss / math.log(2)},
-                                tokens_seen=self.metrics_log.tokens_seen(step, tokens),
-                                tokens_per_second=tokens / seconds, learning_rate=values["learning_rate"],
-                                grad_norm=grad_norm, **self.train_extras))
+    # what the model reports beside the LM loss (auxiliary losses, sown metrics) comes last, from this step
+    self.write_metrics(dict(step=step, split="train", loss=loss, **{f"bits_per_{unit}": loss / math.log(2)},
+                            tokens_seen=self.metrics_log.tokens_seen(step, tokens),
+                            tokens_per_second=tokens / seconds, step_time_s=seconds,
+                            **({"mfu": mfu} if math.isfinite(mfu) else {}), learning_rate=values["learning_rate"],
+                            grad_norm=grad_norm, update_norm=values["update_norm"], **self.train_extras), "train")
+
+  def write_metrics(self, record: dict, tag: str):
+    """One metrics record, to metrics.jsonl and TensorBoard (under `tag`)."""
+    self.metrics_log.write(record)
+    self.writer.scalars(record["step"], metrics_lib.scalars_of(record, tag))
 
   def evaluate(self, step: int, state):
     """The periodic evaluation (partial unless data.eval_batches is 0), logged; boundary rates that drift apart
@@ -221,12 +222,10 @@ class _Run:
     unit, split = self.unit, self.run.data.eval_split
     result = self.summary["eval"] = evaluate(self.trainer, state.params, split, self.run.data.eval_batches)
     tag = "eval" if result["whole_split"] else "eval_partial"  # a partial score is never shown as the split's
-    self.writer.scalars(step, {f"{tag}/loss": result["loss"], f"{tag}/bits_per_{unit}": result["bits"],
-                               **{f"{tag}/{name}": value for name, value in result["metrics"].items()}})
-    self.metrics_log.write(dict(step=step, split=split, loss=result["loss"], **{f"bits_per_{unit}": result["bits"]},
-                                tokens_seen=self.metrics_log.tokens_seen(step, self.tokens_per_step),
-                                whole_split=result["whole_split"], batches=result["batches"],
-                                total_batches=result["total_batches"], **result["metrics"]))
+    self.write_metrics(dict(step=step, split=split, loss=result["loss"], **{f"bits_per_{unit}": result["bits"]},
+                            tokens_seen=self.metrics_log.tokens_seen(step, self.tokens_per_step),
+                            whole_split=result["whole_split"], batches=result["batches"],
+                            total_batches=result["total_batches"], **result["metrics"]), tag)
     self.log(f"step {step}: {describe(result, split)}")
     for name, warning in metrics_lib.boundary_rates_apart(self.train_extras, result["metrics"]).items():
       if name not in self.warned_rates:  # once per level

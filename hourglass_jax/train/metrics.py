@@ -108,6 +108,18 @@ def check_memory(needed: int | None, limit: int | None) -> None:
                      "devices (mesh.fsdp / mesh.tensor).")
 
 
+# The one metrics record: metrics.jsonl stores each as written, TensorBoard draws its numbers (`scalars_of`).
+RECORD_KEYS = ("step", "split", "tokens_seen", "whole_split", "batches", "total_batches")  # the record's bookkeeping
+PERF = ("tokens_per_second", "step_time_s", "mfu")  # speed, drawn under perf/ rather than the split's tag
+
+
+def scalars_of(record: dict, tag: str) -> dict:
+  """TensorBoard's scalars of one metrics record: every number but the bookkeeping, under `tag`/ (speed under
+  perf/)."""
+  return {f"{'perf' if name in PERF else tag}/{name}": value for name, value in record.items()
+          if name not in RECORD_KEYS}
+
+
 class SummaryWriter:
   """TensorBoard scalars in the workdir (process 0 only); a no-op elsewhere. A context manager: closing it on a full
   disk raises DiskFullError, unless the run is already ending with an error, which is then the one reported."""
