@@ -15,7 +15,7 @@ from hourglass_jax.config import run_config
 from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import ModelConfig
 from hourglass_jax.train.checkpointing import model_source
-from hourglass_jax.train.checkpointing.checkpoint_record import check_same_function
+from hourglass_jax.train.checkpointing.checkpoint import check_same_function
 from hourglass_jax.train.checks import TrainError
 from hourglass_jax.train.loop.loop import train_and_evaluate
 from hourglass_jax.train.reporting.export import export_params

@@ -11,8 +11,12 @@ checkpoint whose metadata holds none) cannot be verified: it is treated as unrea
 
 `Checkpoints.restore_latest` is the one reader of these checkpoints: the whole train state (training resumes) or
 the params alone (evaluation, sampling, export: an Orbax partial restore, so no optimizer state is read), with
-the same checks either way; `read_params` opens a run's workdir read-only for the params alone."""
+the same checks either way; `read_params` opens a run's workdir read-only for the params alone. `config_record` is
+what a checkpoint records about its run (model settings, sequence length, the card's recipe), and
+`check_same_function` the check that a config about to resume, evaluate or sample it computes the same function."""
 
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -24,11 +28,10 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
+from hourglass_jax.model.config import function_changes
 from hourglass_jax.runtime import files, paths
 from hourglass_jax.runtime.paths import disk_full, free_space, is_disk_full
 from hourglass_jax.train.checkpointing import integrity
-from hourglass_jax.train.checkpointing.checkpoint_record import (  # noqa: F401  (re-exported)
-    check_same_function, config_record)
 from hourglass_jax.train.checks import DiskFullError, TrainError
 from hourglass_jax.train.compiled.state import TrainState
 from hourglass_jax.train.settings import CheckpointSettings
@@ -36,6 +39,9 @@ from hourglass_jax.train.settings import CheckpointSettings
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
 _TMP = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step's folder while it is written
 UNVERIFIED_OVERRIDE = "--config.checkpoint.allow_unverified=True"
+SETTINGS_CHANGE_OVERRIDE = "--config.checkpoint.allow_settings_change=True"
+RECIPE = ("learning_rate", "schedule", "warmup_steps", "min_lr_ratio", "b1", "b2", "eps", "weight_decay",
+          "grad_clip_norm", "grad_accum_steps")  # the train settings the card's recipe shows
 
 
 def unwrap_data(data) -> tuple[object, dict | None]:
@@ -50,6 +56,28 @@ def array_shapes(tree) -> dict[str, tuple[int, ...]]:
   """{'params/body/.../kernel': shape} for arrays or their metadata, whatever the container types."""
   return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def config_record(run) -> dict:
+  """What a checkpoint records about its run (a RunConfig, hourglass_jax/config/run.py): its model settings (named in
+  mismatch messages), and for the card hourglass-export writes, the sequence length, global batch, data set (its
+  name, and the file or folder name of a local one: never the machine's path) and optimizer recipe."""
+  source = run.data.path or run.data.data_dir
+  data = dict(name=run.data.name, source=os.path.basename(os.path.normpath(source)) if source else None)
+  return json.loads(json.dumps({"model": dataclasses.asdict(run.model), "seq_len": run.data.seq_len,
+                                "batch_size": run.data.batch_size, "data": data,
+                                "train": {name: getattr(run.train, name) for name in RECIPE}}))
+
+
+def check_same_function(saved: dict, model: dict, where: str) -> None:
+  """Raises ValueError when `model` (a config's model section) computes another function than the checkpoint at
+  `where` was trained as (`saved`, its recorded model section)."""
+  differ = function_changes(saved, model)
+  if differ:
+    raise ValueError(f"{where} was trained with other model settings than this config ({'; '.join(differ)}); its "
+                     "parameters would compute a different function. Pass the config and --config.model overrides "
+                     f"the run was trained with, or, to change them on purpose (e.g. fine-tune with another "
+                     f"shortening), add {SETTINGS_CHANGE_OVERRIDE}.")
 
 
 # What Orbax warns when it opens a manager read-only, as asked: that it is read-only, and that it therefore saves
