@@ -19,9 +19,9 @@ from common import append_result, interleave, load_config, loadavg, median, pair
 def _trainer_and_state(model: dict):
   import jax
 
-  from hourglass_jax import sharding
   from hourglass_jax.config import run_config
-  from hourglass_jax.train.trainer import Trainer
+  from hourglass_jax.runtime import sharding
+  from hourglass_jax.train.compiled.trainer import Trainer
 
   cfg = load_config("enwik8")
   cfg.model.update(model)
@@ -43,8 +43,8 @@ def main(argv=None):
   import jax
   import orbax.checkpoint as ocp
 
-  from hourglass_jax.train import integrity
-  from hourglass_jax.train.checkpoint import Checkpoints, config_record
+  from hourglass_jax.train.checkpointing import integrity
+  from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
 
   model = dict(d_model=128, num_heads=2, d_ff=512) if args.quick else {}
   cfg, trainer, state = _trainer_and_state(model)

@@ -44,7 +44,7 @@ def run_case(case: dict) -> dict:
   """In this (fresh) process: compile the case's train step and report the compile seconds."""
   import jax
 
-  from hourglass_jax import compile_cache
+  from hourglass_jax.runtime import compile_cache
 
   compile_cache.enable(case.get("cache_dir") or "off")
   before = compile_cache.counts()

@@ -24,11 +24,13 @@ import zipfile
 import numpy as np
 import tensorflow_datasets as tfds
 
-from hourglass_jax.data import embedded, no_tensorflow, pipeline, tfds_io
-from hourglass_jax.data.byte_chunks import ByteStream
-from hourglass_jax.data.eval_windows import ScoredWindows
-from hourglass_jax.data.image_source import ImageSource
-from hourglass_jax.data.sources import WindowSource
+from hourglass_jax.data.batches import pipeline
+from hourglass_jax.data.batches.eval_windows import ScoredWindows
+from hourglass_jax.data.batches.image_source import ImageSource
+from hourglass_jax.data.batches.sources import WindowSource
+from hourglass_jax.data.builders import embedded
+from hourglass_jax.data.builders.byte_chunks import ByteStream
+from hourglass_jax.data.io import no_tensorflow, tfds_io
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 

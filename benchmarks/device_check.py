@@ -220,7 +220,7 @@ def environment(args) -> dict:
 
   from benchmarks.common import machine_info
   from benchmarks.matmul_peak import MatmulProbe
-  from hourglass_jax.train import metrics
+  from hourglass_jax.train.reporting import metrics
 
   versions = {}
   for package in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "flax", "optax"):
@@ -485,7 +485,7 @@ def main(argv=None) -> dict:
   finally:
     programs.close()
   from benchmarks.common import RESULTS, append_result
-  from hourglass_jax import files
+  from hourglass_jax.runtime import files
 
   record["wall_s"] = round(time.perf_counter() - clock.start, 1)
   name = "device_" + ("dry_run_" if args.dry_run else "") + _slug(record["environment"]["device_kind"])

@@ -25,7 +25,7 @@ from jax import lax
 
 from benchmarks.common import (finish_record, interleave, load_config, loadavg, median, paired_ratios,
                                parse_overrides, parse_with_quick)
-from hourglass_jax.data.embedded import stdlib_bytes
+from hourglass_jax.data.builders.embedded import stdlib_bytes
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.config import without_dynamic_settings
 from hourglass_jax.testing import random_variables

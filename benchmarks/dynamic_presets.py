@@ -23,7 +23,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--name", default="dynamic_presets")
   parser.add_argument("--results", default=None)
   args = parser.parse_args(argv)
-  from hourglass_jax.train.loop import train_and_evaluate
+  from hourglass_jax.train.loop.loop import train_and_evaluate
 
   rows = {}
   for preset in args.presets.split("/"):

@@ -180,8 +180,8 @@ def compile_step(cfg, devices, as_gpu: bool, lower_only: bool = False):
   """(Trainer, compiled step (None when `lower_only`), seconds, flash recorder): the train step of `cfg` for
   `devices`, tracing as on a GPU (jax.default_backend() reads 'gpu', so 'auto' picks cuDNN or the flash kernel)
   when `as_gpu`."""
-  from hourglass_jax import sharding
   from hourglass_jax.ops import flash_dropout
+  from hourglass_jax.runtime import sharding
 
   major = int(str(getattr(devices[0], "compute_capability", "9.0")).split(".")[0]) if as_gpu else None
   # An older checkout (the code a GPU measured) has no per-GPU block table: its own blocks.
@@ -194,13 +194,13 @@ def compile_step(cfg, devices, as_gpu: bool, lower_only: bool = False):
 
 
 def _compile_ahead(cfg, mesh, backend, lower_only: bool):
-  """train.trainer.compile_ahead, written out where it is missing (an older checkout) or only the lowering is
+  """train.compiled.trainer.compile_ahead, written out where it is missing (an older checkout) or only the lowering is
   wanted (the HLO is read from a saved file)."""
   import time
 
   import jax
   import jax.numpy as jnp
-  from hourglass_jax.train import trainer as trainer_module
+  from hourglass_jax.train.compiled import trainer as trainer_module
 
   try:
     from hourglass_jax.config.run import run_config
@@ -246,7 +246,7 @@ def xla_cost(compiled) -> dict:
 
 def analyse(preset: str, variant: str, args, devices, as_gpu: bool) -> dict:
   from benchmarks.steps import model_flops
-  from hourglass_jax.train import metrics
+  from hourglass_jax.train.reporting import metrics
 
   cfg = step_config(preset, variant, args.dry_run, settings=args.set)
   saved = load_saved(pathlib.Path(args.from_hlo), preset, variant) if args.from_hlo else None
@@ -311,7 +311,7 @@ def save_hlo(folder: pathlib.Path, preset: str, variant: str, hlo_text: str, seq
              compiled_facts: dict) -> pathlib.Path:
   """The optimized HLO of one row, its thunk sequence and what the compile reported (memory, XLA's cost), so
   that `--from-hlo` recomputes the census and the estimate without compiling."""
-  from hourglass_jax import files
+  from hourglass_jax.runtime import files
 
   files.make_folder(folder)
   stem = f"{preset or 'enwik8'}_{variant}"
@@ -402,7 +402,7 @@ def main(argv=None) -> dict:
   path = append_result(name, record, results)
   if args.record == "gpu_offline":
     from benchmarks.gpu_offline_summary import summary_markdown
-    from hourglass_jax import files
+    from hourglass_jax.runtime import files
 
     files.write_text(path.with_suffix(".md"), summary_markdown(record, results))
   print(f"results: {path}")

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/learning.py [--quick] [--budget_tflop 0.5] [--seeds 0,1] [--corpus PATH]
 
-Each model trains with `hourglass_jax.train.loop.train_and_evaluate` for budget / (its analytic FLOPs per step)
+Each model trains with `hourglass_jax.train.loop.loop.train_and_evaluate` for budget / (its analytic FLOPs per step)
 steps, so the cheaper Hourglass takes more steps (widths d 64 / 4 heads / ff 256 by default, 0.5 TFLOP per run:
 about 5 minutes a run on 2 cores at load ~10; dropout off for both), then reports validation bits per byte on the
 whole valid split of the corpus: the embedded one (data.name=stdlib_text, the Python standard library's sources)
@@ -27,7 +27,7 @@ from benchmarks import plots  # noqa: E402
 from benchmarks.common import append_result, loadavg, parse_overrides, parse_with_quick, text_corpus  # noqa: E402
 from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
-from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
+from hourglass_jax.train.loop.loop import train_and_evaluate  # noqa: E402
 
 QUICK = dict(budget_tflop=0.01, seeds="0", seq_len=64, batch=4, model="d_model=32,num_heads=4,d_ff=64")
 

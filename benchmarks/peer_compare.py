@@ -76,7 +76,8 @@ def parse_args(argv=None):
   parser.add_argument("--host_malloc", default="auto", choices=("auto", "system"),
                       help="ours: hourglass-train's --host_malloc (auto keeps freed memory on the CPU backend)")
   parser.add_argument("--peer_malloc", default="system", choices=("system", "keep"),
-                      help="peer: keep = the same glibc settings, as GLIBC_TUNABLES (hourglass_jax.host_memory)")
+                      help="peer: keep = the same glibc settings, as GLIBC_TUNABLES "
+                           "(hourglass_jax.runtime.host_memory)")
   parser.add_argument("--fresh_workers", action="store_true",
                       help="start each turn's worker afresh and end it before the other's turn, so neither process "
                            "holds memory while the other runs (each turn then pays its build and warm-up, untimed)")
@@ -100,7 +101,7 @@ def main(argv=None) -> dict | None:
   pin = ["taskset", "-c", args.pin] if args.pin else []
   peer_env = None
   if args.peer_malloc == "keep":
-    from hourglass_jax.host_memory import GLIBC_TUNABLES
+    from hourglass_jax.runtime.host_memory import GLIBC_TUNABLES
 
     peer_env = dict(os.environ, GLIBC_TUNABLES=GLIBC_TUNABLES)
   commands = {"ours": ([*pin, sys.executable, "benchmarks/peer/ours_worker.py", *shape], None),

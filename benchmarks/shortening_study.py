@@ -44,9 +44,9 @@ from benchmarks.models import bench_config  # noqa: E402
 from benchmarks.steps import model_flops  # noqa: E402
 from hourglass_jax.config.dynamic import with_dynamic_shortening  # noqa: E402
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS, CODE_BOUNDARY_BYTES  # noqa: E402
+from hourglass_jax.runtime import memory_maps  # noqa: E402
 from hourglass_jax.train.checks import TrainError  # noqa: E402
-from hourglass_jax import memory_maps  # noqa: E402
-from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
+from hourglass_jax.train.loop.loop import train_and_evaluate  # noqa: E402
 
 FACTOR = 4
 DRAFT_LOSS_WEIGHT = 0.3  # configs/default.py:self_draft's

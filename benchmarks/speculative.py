@@ -41,13 +41,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from hourglass_jax import files  # noqa: E402
-from hourglass_jax.data import sources  # noqa: E402
-from hourglass_jax.data.settings import DataSettings  # noqa: E402
+from hourglass_jax.data.batches import sources  # noqa: E402
+from hourglass_jax.data.batches.settings import DataSettings  # noqa: E402
 from hourglass_jax.model import ModelConfig  # noqa: E402
 from hourglass_jax.model.decode import drafts, fallback, sampling  # noqa: E402
-from hourglass_jax.train.checkpoint import read_params  # noqa: E402
-from hourglass_jax.train.loop import train_and_evaluate  # noqa: E402
+from hourglass_jax.runtime import files  # noqa: E402
+from hourglass_jax.train.checkpointing.checkpoint import read_params  # noqa: E402
+from hourglass_jax.train.loop.loop import train_and_evaluate  # noqa: E402
 
 DRAFT_MODEL = dict(kind="vanilla", hierarchy="2@1", d_model=64, num_heads=2, d_ff=256, draft_heads=0,
                    draft_loss_weight=0.0, draft_heads_from="last")

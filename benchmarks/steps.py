@@ -9,11 +9,11 @@ import time
 import jax
 import numpy as np
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
 from hourglass_jax.model import ModelConfig, counting
-from hourglass_jax.train import metrics
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.reporting import metrics
 
 
 def model_flops(cfg) -> float:

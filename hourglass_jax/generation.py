@@ -1,5 +1,5 @@
 """Sampling from params on a mesh: the one generation path of `hourglass-sample` (cli/sample.py) and the trainer's
-end-of-run sample (train/loop.py).
+end-of-run sample (train/loop/loop.py).
 
 Both run model/decode/sampling.py's `generate` (the decode loop of model/decode/loop.py: a parallel prefill, then
 KV-cached decode steps or speculative passes) the same way: the prompts padded to, and sharded over, the
@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hourglass_jax import compile_cache, sharding, xla_options
 from hourglass_jax.model import ModelConfig
 from hourglass_jax.model.decode import sampling, speculative
+from hourglass_jax.runtime import compile_cache, sharding, xla_options
 
 
 def byte_prompts(prompt: bytes, num_samples: int, vocab_size: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from hourglass_jax.model.hourglass import (BOUNDARY_PREDICTORS, SHORTEN_METHODS,
 from hourglass_jax.model.layer_config import LayerConfig, LayerOptions
 from hourglass_jax.model.layers import DecoderStack
 from hourglass_jax.model.multiscale import BottomUp, Retina, TopDown
-from hourglass_jax.sharding import LAYERS_AXIS
+from hourglass_jax.runtime.sharding import LAYERS_AXIS
 
 __all__ = ["BOUNDARY_PREDICTORS", "LAYERS_AXIS", "SHORTEN_METHODS", "UPSAMPLE_METHODS", "BottomUp", "DecoderStack",
            "DynamicShorten", "DynamicUpsample", "Hourglass", "LayerConfig", "LayerOptions", "Retina", "Shorten",

@@ -20,9 +20,10 @@ import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
-from hourglass_jax import __version__, files, hub_card, paths
+from hourglass_jax import __version__, hub_card
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import function_changes
+from hourglass_jax.runtime import files, paths
 
 WEIGHTS_FILE, CARD_FILE = "model.safetensors", "config.json"
 FORMAT, FORMAT_VERSION = "hourglass_jax", 2  # 2: the card holds 'checksums', which load_params requires

@@ -75,9 +75,9 @@ def _topology_devices(spec: dict):
 
 
 def hosts_with_split_rows(mesh, mesh_cfg, global_batch: int, row_shape: tuple[int, ...]) -> list[int]:
-  """Hosts whose devices hold a non-contiguous set of batch rows: hourglass_jax.sharding.process_rows (each
+  """Hosts whose devices hold a non-contiguous set of batch rows: hourglass_jax.runtime.sharding.process_rows (each
   process feeds one block of rows) refuses such a mesh, so a real launch on this slice would stop there."""
-  from hourglass_jax import sharding
+  from hourglass_jax.runtime import sharding
 
   batch_sharding = sharding.batch_sharding(mesh, sharding.logical_rules(mesh_cfg))
   rows = {}
@@ -91,10 +91,10 @@ def aot_compile(cfg, accelerator: str, tpu_attention: bool = True, log=print) ->
   """Compiles cfg's train step for the described slice; returns its per-device memory and FLOPs."""
   import jax
 
-  from hourglass_jax import sharding
   from hourglass_jax.config import run_config
-  from hourglass_jax.train import metrics
-  from hourglass_jax.train.trainer import compile_ahead
+  from hourglass_jax.runtime import sharding
+  from hourglass_jax.train.compiled.trainer import compile_ahead
+  from hourglass_jax.train.reporting import metrics
 
   spec = describe_accelerator(accelerator)
   devices = _topology_devices(spec)

@@ -442,10 +442,10 @@ def trained_run(workdir, steps: int = 4, every_steps: int = 2):
   """Trains the shared config with checkpoints every `every_steps` steps into `workdir` (the integrity and export
   tests share this run, so their programs hit the same cached compiles); returns the config, its trainer, and
   the newest checkpoint's state (on the host) and data state."""
-  from hourglass_jax import sharding
-  from hourglass_jax.train.checkpoint import Checkpoints, config_record
-  from hourglass_jax.train.loop import train_and_evaluate
-  from hourglass_jax.train.trainer import Trainer
+  from hourglass_jax.runtime import sharding
+  from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
+  from hourglass_jax.train.compiled.trainer import Trainer
+  from hourglass_jax.train.loop.loop import train_and_evaluate
 
   cfg = tiny_config(steps=steps, checkpoint=dict(every_steps=every_steps))
   train_and_evaluate(cfg, workdir, log=quiet)
@@ -466,7 +466,7 @@ def copy_checkpoints(workdir, tmp_path) -> pathlib.Path:
 def restore_latest(trainer, cfg, directory, read_only: bool = False, **options):
   """(Checkpoints.restore_latest's (state, data state, step) for `trainer` and `cfg` from `directory`, the lines it
   logged)."""
-  from hourglass_jax.train.checkpoint import Checkpoints, config_record
+  from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
 
   messages = []
   with jax.set_mesh(trainer.mesh), Checkpoints(directory, read_only=read_only, log=messages.append) as checkpoints:

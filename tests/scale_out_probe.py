@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.compiled.trainer import Trainer
 
 
 def _replicated_value(x) -> float:

@@ -11,8 +11,8 @@ import pytest
 from benchmarks import (common, dynamic_decode, dynamic_step, learning, peer_compare, shortening_study, speculative,
                         throughput)
 from benchmarks.peer_compare import Worker
-from hourglass_jax import host_memory
 from hourglass_jax.model.hourglass import BOUNDARY_PREDICTORS
+from hourglass_jax.runtime import host_memory
 
 TINY = "d_model=32,num_heads=4,d_ff=64,dropout=0.0"
 

@@ -9,14 +9,14 @@ import jax
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.cli.boundaries import marked, show
 from hourglass_jax.config import run_config
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.hourglass import WHITESPACE_BYTES
+from hourglass_jax.runtime import sharding
 from hourglass_jax.testing import random_variables
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.compiled.trainer import Trainer
 from hourglass_jax.weights import save_params
 from tests.helpers import SMALL, centered_gumbel_levels, quiet, tiny_config
 

@@ -9,14 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train import integrity
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.checkpointing import integrity
+from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.evaluate import evaluate_checkpoint
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop.evaluate import evaluate_checkpoint
+from hourglass_jax.train.loop.loop import train_and_evaluate
 from tests.helpers import HOURGLASS, copy_checkpoints, quiet, restore_latest, tiny_config
 
 

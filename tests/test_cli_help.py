@@ -11,9 +11,9 @@ import tokenize
 
 import pytest
 
-from hourglass_jax import settings
 from hourglass_jax.cli import main, plot, usage
 from hourglass_jax.config import help as config_help
+from hourglass_jax.runtime import settings
 from tests.helpers import load_config, run
 
 ENTRIES = {"train_entry": usage.TRAIN_FLAGS, "eval_entry": usage.EVAL_FLAGS, "data_entry": usage.DATA_FLAGS,

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hourglass_jax import compile_cache
+from hourglass_jax.runtime import compile_cache
 from tests.helpers import command_env, train_command
 
 _HIT = re.compile(r"compile: ([\d.]+) s \(persistent cache hit, saved ([\d.]+) s\)")

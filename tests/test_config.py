@@ -15,7 +15,7 @@ from ml_collections import config_flags
 
 import hourglass_jax.model
 from hourglass_jax.config.base import base_config
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import DYNAMIC_ONLY_FIELDS, config_section_fields
 from hourglass_jax.model.draft_heads import DRAFT_HEAD_FIELDS
@@ -196,7 +196,7 @@ SECTIONS = ("model", "data", "train", "mesh", "checkpoint")
 FLAG_LAYER = ("config/", "cli/main.py")
 # Where a ConfigDict may still be named: the flag layer, export_config (an export folder's config for the readers)
 # and train_and_evaluate's entry, which makes the RunConfig of a ConfigDict a Python caller passes.
-CONFIG_DICT_HOMES = (*FLAG_LAYER, "train/model_source.py", "train/loop.py")
+CONFIG_DICT_HOMES = (*FLAG_LAYER, "train/checkpointing/model_source.py", "train/loop/loop.py")
 
 
 def _config_holder(node) -> bool:
@@ -243,8 +243,8 @@ def test_the_run_config_is_made_once_typed_frozen_and_checked():
   checked), is frozen, hands a RunConfig back as it is, and refuses a bad setting in one line; the trainer refuses a
   ConfigDict, naming the function that makes a RunConfig."""
   from hourglass_jax.config import RunConfig, run_config
-  from hourglass_jax.sharding import MeshSettings
-  from hourglass_jax.train.trainer import Trainer
+  from hourglass_jax.runtime.sharding import MeshSettings
+  from hourglass_jax.train.compiled.trainer import Trainer
   from tests.helpers import tiny_config
 
   cfg = tiny_config(data=dict(name="digits", seq_len=64), mesh=dict(rules=[["batch", ["data", "fsdp"]]]))
@@ -271,7 +271,7 @@ def test_the_run_config_is_made_once_typed_frozen_and_checked():
 
 def test_each_setting_of_the_run_config_is_declared_in_one_section():
   """No setting name is declared by two sections (remat_policy was the model's and the train section's)."""
-  from hourglass_jax.sharding import MeshSettings
+  from hourglass_jax.runtime.sharding import MeshSettings
 
   owners = collections.defaultdict(list)
   for section, cls in zip(SECTIONS, (ModelConfig, DataSettings, TrainSettings, MeshSettings, CheckpointSettings)):

@@ -7,8 +7,8 @@ import errno
 
 import pytest
 
-from hourglass_jax.train import curves, run_files
 from hourglass_jax.train.checks import DiskFullError
+from hourglass_jax.train.reporting import curves, run_files
 from tests.helpers import run_plot
 
 

@@ -6,8 +6,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from hourglass_jax.data import tfds_io
-from hourglass_jax.data.byte_chunks import ByteStream
+from hourglass_jax.data.builders.byte_chunks import ByteStream
+from hourglass_jax.data.io import tfds_io
 
 TOTAL = 2000  # splits 1800 / 100 / 100
 SMALL = dict(total_bytes=TOTAL, chunk_bytes=64)

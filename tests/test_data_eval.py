@@ -7,13 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.data import pipeline, sources
-from hourglass_jax.data.eval_windows import ScoredWindows, protocol_context
-from hourglass_jax.data.settings import DataSettings
-from hourglass_jax.train.evaluate import describe, evaluate
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.data.batches import pipeline, sources
+from hourglass_jax.data.batches.eval_windows import ScoredWindows, protocol_context
+from hourglass_jax.data.batches.settings import DataSettings
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop.evaluate import describe, evaluate
 from tests.helpers import tiny_config
 
 

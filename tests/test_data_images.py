@@ -11,9 +11,10 @@ import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from hourglass_jax.data import pipeline, sources, tfds_io
-from hourglass_jax.data.images import images_to_tokens, save_png_grid, tokens_to_images
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches import pipeline, sources
+from hourglass_jax.data.batches.images import images_to_tokens, save_png_grid, tokens_to_images
+from hourglass_jax.data.io import tfds_io
+from hourglass_jax.data.batches.settings import DataSettings
 from tests.helpers import tiny_config
 
 
@@ -43,7 +44,7 @@ def test_png_grid_holds_the_images(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="the digits ship with scikit-learn")
 def test_digits_are_an_offline_image_dataset_of_whole_sequences(tmp_path):
-  from hourglass_jax.data.digits import load_digits
+  from hourglass_jax.data.builders.digits import load_digits
 
   images, _ = load_digits()
   cfg = tiny_config(data=dict(name="digits", seq_len=64, data_dir=str(tmp_path)))

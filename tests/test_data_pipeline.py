@@ -4,8 +4,9 @@ data, exact resume from a saved iterator state, and the default text stride L/4.
 import numpy as np
 import pytest
 
-from hourglass_jax.data import pipeline, sources, tfds_io
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches import pipeline, sources
+from hourglass_jax.data.io import tfds_io
+from hourglass_jax.data.batches.settings import DataSettings
 from tests.helpers import tiny_config
 
 

@@ -4,9 +4,11 @@ contents, the offline corpus, and clear messages for empty, unreadable or missin
 import numpy as np
 import pytest
 
-from hourglass_jax.data import embedded, sources, tfds_io
-from hourglass_jax.data.settings import DataSettings
-from hourglass_jax.data.text_files import find_documents, split_documents, split_warning
+from hourglass_jax.data.batches import sources
+from hourglass_jax.data.builders import embedded
+from hourglass_jax.data.builders.text_files import find_documents, split_documents, split_warning
+from hourglass_jax.data.io import tfds_io
+from hourglass_jax.data.batches.settings import DataSettings
 
 
 def write_docs(folder, count: int = 12):

@@ -124,7 +124,7 @@ class _Drop(nn.Module):
 
 def test_masks_keep_the_rate_and_are_independent_across_layers_and_steps():
   x = jnp.ones((64, 512))
-  step_rng = lambda step: jax.random.fold_in(jax.random.key(0), step)  # train/step.py's key of a step
+  step_rng = lambda step: jax.random.fold_in(jax.random.key(0), step)  # train/compiled/step.py's key of a step
   kept = [np.asarray(_Stack().apply({}, x, rngs={"dropout": step_rng(step)}) != 0) for step in (0, 1)]
   layers = [*kept[0], kept[1][0]]  # four layers of step 0, layer 0 of step 1
   chance = 0.2 ** 2 + 0.8 ** 2

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from hourglass_jax.model import ModelConfig, build_model, counting
-from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
 from hourglass_jax.model.hourglass.dynamic.level import max_segments
 from hourglass_jax.model.hourglass.dynamic.predictors.base import binomial_prior_loss
 from hourglass_jax.model.hourglass.dynamic.predictors.routing import ratio_loss
+from hourglass_jax.model.hourglass.dynamic.segments import segment_ids, segments_holding
 from hourglass_jax.testing import causality_violations
-from hourglass_jax.train.loop import bar_label
+from hourglass_jax.train.loop.loop import bar_label
 from tests.helpers import (BATCH, SMALL, centered_gumbel_levels, dynamic_variables, jitted_apply, load_config,
                            small_config)
 

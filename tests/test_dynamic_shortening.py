@@ -10,18 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.data import pipeline, sources
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches import pipeline, sources
+from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import build_model
 from hourglass_jax.model.hourglass import whitespace_boundaries
 from hourglass_jax.model.hourglass.dynamic.predictors.gumbel import evaluation_noise
+from hourglass_jax.runtime import sharding
 from hourglass_jax.testing import causality_violations, random_variables
-from hourglass_jax.train import loop
-from hourglass_jax.train.evaluate import describe, evaluate
-from hourglass_jax.train.metrics import boundary_rates_apart
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop import loop
+from hourglass_jax.train.loop.evaluate import describe, evaluate
+from hourglass_jax.train.reporting.metrics import boundary_rates_apart
 from tests.helpers import (BATCH, SMALL, assert_causal, jitted_apply, load_config, mixed_variables, small_config, sown,
                            tiny_config)
 

@@ -16,10 +16,11 @@ import yaml
 
 from hourglass_jax import hub_card, weights
 from hourglass_jax.config import run_config
-from hourglass_jax.train import model_source, run_files
+from hourglass_jax.train.checkpointing import model_source
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.evaluate import evaluate_checkpoint
-from hourglass_jax.train.export import about_run, export_params
+from hourglass_jax.train.loop.evaluate import evaluate_checkpoint
+from hourglass_jax.train.reporting import run_files
+from hourglass_jax.train.reporting.export import about_run, export_params
 from tests.helpers import CONFIGS, FLAGS, quiet, run
 
 

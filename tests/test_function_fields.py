@@ -14,7 +14,7 @@ import pytest
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import KINDS, function_fields
 from hourglass_jax.model.config import function_changes
-from hourglass_jax.train.checkpoint_record import check_same_function
+from hourglass_jax.train.checkpointing.checkpoint import check_same_function
 from tests.helpers import SMALL
 
 BASES = {

@@ -6,16 +6,17 @@ import jax
 import numpy as np
 import pytest
 
-from hourglass_jax import generation, sharding
+from hourglass_jax import generation
 from hourglass_jax.cli.sample import SampleOptions, sample
 from hourglass_jax.config import run_config
 from hourglass_jax.model import HourglassLM, ModelConfig, build_model
 from hourglass_jax.model import decode
 from hourglass_jax.model.decode import sampling
+from hourglass_jax.runtime import sharding
 from hourglass_jax.testing import random_variables
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.loop import SAMPLE_TEMPERATURE, end_of_run_sample, train_and_evaluate
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop.loop import SAMPLE_TEMPERATURE, end_of_run_sample, train_and_evaluate
 from tests.helpers import quiet, run_two_processes, tiny_config
 
 SAMPLE_BYTES = 60  # data.seq_len is 48 and the prompt 12 bytes: one window held at most 36 sampled bytes
@@ -79,10 +80,10 @@ _TWO_PROCESSES = """
 import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train.loop import end_of_run_sample
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop.loop import end_of_run_sample
 from tests.helpers import tiny_config
 cfg = tiny_config(train=dict(sample_bytes=int(sys.argv[3])))
 trainer = Trainer(run_config(cfg), sharding.make_mesh(cfg.mesh))

@@ -18,10 +18,10 @@ import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
 from benchmarks import device_check
+from hourglass_jax.config import run_config
 from hourglass_jax.model import build_model, layers
 from hourglass_jax.ops import dropout as dropout_module
-from hourglass_jax.config import run_config
-from hourglass_jax.train.step import token_losses_and_sown
+from hourglass_jax.train.compiled.step import token_losses_and_sown
 
 BATCH = 2
 

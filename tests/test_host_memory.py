@@ -1,4 +1,5 @@
-"""hourglass_jax.host_memory: glibc malloc keeps XLA:CPU's freed buffers, so repeated executions take no page faults.
+"""hourglass_jax.runtime.host_memory: glibc malloc keeps XLA:CPU's freed buffers, so repeated executions take no page
+faults.
 
 The malloc settings are process-wide, so the real effect is measured in subprocesses; in-process tests use a fake
 C library."""
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from hourglass_jax import host_memory
+from hourglass_jax.runtime import host_memory
 from tests.helpers import optimized_programs, run, train_command  # noqa: F401  (autouse: runs 32 executions)
 
 # A program whose 64 MiB temp buffer (the cumulative sum) is above glibc's largest mmap threshold (32 MiB); minor
@@ -18,7 +19,7 @@ from tests.helpers import optimized_programs, run, train_command  # noqa: F401  
 FAULTS_PER_RUN = """
 import json, resource, sys
 import jax, jax.numpy as jnp
-from hourglass_jax import host_memory
+from hourglass_jax.runtime import host_memory
 changed = host_memory.configure(sys.argv[1])
 
 @jax.jit

@@ -13,15 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import compile_cache, paths
 from hourglass_jax.config import run_config
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import decode
 from hourglass_jax.model.decode import drafts, filters, sampling
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
+from hourglass_jax.runtime import compile_cache, paths
+from hourglass_jax.train.compiled.trainer import Trainer
 from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
-from hourglass_jax.train.trainer import Trainer
 from tests.helpers import small_config
 
 D = 32
@@ -224,7 +224,7 @@ def test_compilation_cache_defaults_to_a_local_folder_for_a_bucket_workdir(monke
 
 
 def test_text_files_refuses_a_link_out_of_the_folder(tmp_path):
-  from hourglass_jax.data.text_files import find_documents
+  from hourglass_jax.data.builders.text_files import find_documents
 
   secret = tmp_path / "secret.txt"
   secret.write_text("private\n")
@@ -241,7 +241,7 @@ def test_text_files_refuses_a_link_out_of_the_folder(tmp_path):
 def test_text_files_reads_each_file_once(tmp_path):
   """Issue 55: a link (or a hard link) to a file of the same folder, or a file named beside its folder, is one
   document, not two: the file itself, by its own name."""
-  from hourglass_jax.data.text_files import find_documents
+  from hourglass_jax.data.builders.text_files import find_documents
 
   folder = tmp_path / "corpus"
   (folder / "sub").mkdir(parents=True)
@@ -257,7 +257,7 @@ def test_text_files_reads_each_file_once(tmp_path):
 def test_an_enwik8_archive_of_the_right_size_but_other_bytes_is_refused(tmp_path):
   import zipfile
 
-  from hourglass_jax.data import enwik8
+  from hourglass_jax.data.builders import enwik8
 
   archive = tmp_path / "enwik8.zip"
   with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
@@ -291,7 +291,7 @@ def test_an_enwik8_archive_of_the_right_size_but_other_bytes_is_refused(tmp_path
 def test_every_setting_is_checked_by_its_section_before_compiling(section, field, value, message):
   """Issue 64: each typed section checks its own ranges when built (train.eps=0 was accepted and diverged 78 s
   later, train.seed=-1 failed after the compile without naming it): the trainer refuses it before compiling."""
-  from hourglass_jax import sharding
+  from hourglass_jax.runtime import sharding
   from tests.helpers import tiny_config
 
   cfg = tiny_config(**{section: {field: value}})
@@ -317,7 +317,7 @@ def test_every_setting_has_its_declared_type(section, field, value, kind):
 def test_a_divergence_names_eps_when_the_update_alone_is_not_finite():
   """Issue 64: gradients finite but Adam's update not (a division by sqrt(v) + eps): the message names train.eps,
   not the learning rate; a non-finite gradient still points at the learning rate."""
-  from hourglass_jax.train.loop import _divergence_message
+  from hourglass_jax.train.loop.loop import _divergence_message
 
   nan = float("nan")
   update = _divergence_message(7, dict(loss=2.0, grad_norm=0.5, update_norm=nan), 5, None, None, eps=1e-9)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from hourglass_jax.config import run_config
-from hourglass_jax.train.checkpoint import FORMAT_KEY, Checkpoints, config_record
+from hourglass_jax.train.checkpointing.checkpoint import FORMAT_KEY, Checkpoints, config_record
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.export import export_params
+from hourglass_jax.train.reporting.export import export_params
 from tests.helpers import copy_checkpoints, quiet, restore_latest
 
 

@@ -16,12 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from hourglass_jax import files, paths
 from hourglass_jax.config import run_config
-from hourglass_jax.train import preemption, run_files
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.runtime import files, paths
+from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.checkpointing.workdir_lock import WorkdirLock
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.workdir_lock import WorkdirLock
+from hourglass_jax.train.loop import preemption
+from hourglass_jax.train.reporting import run_files
 from tests.helpers import quiet, run, train_command, trained_run
 
 
@@ -38,7 +39,7 @@ def test_a_link_as_the_lock_is_refused_in_one_line(tmp_path, target):
 def test_the_heartbeat_never_writes_through_a_planted_link(tmp_path, monkeypatch):
   """A link planted where a heartbeat could write its temporary file (issue 55): the file outside the workdir is
   left alone and the lock stays a regular file holding this run's record."""
-  from hourglass_jax.train import workdir_lock
+  from hourglass_jax.train.checkpointing import workdir_lock
 
   monkeypatch.setattr(workdir_lock, "HEARTBEAT_SECONDS", 3600.0)  # heartbeats driven by hand below
   outside = tmp_path / "outside.txt"
@@ -54,7 +55,7 @@ def test_the_heartbeat_never_writes_through_a_planted_link(tmp_path, monkeypatch
 
 
 def test_a_full_disk_while_locking_names_the_lock_and_leaves_none(tmp_path, monkeypatch):
-  from hourglass_jax import files
+  from hourglass_jax.runtime import files
 
   def full_disk(fd, data):
     raise OSError(errno.ENOSPC, "No space left on device")
@@ -123,7 +124,7 @@ def test_prepare_ends_ctrl_c_and_a_full_disk_in_one_line(tmp_path, monkeypatch, 
 def test_a_dataset_prepared_by_another_run_meanwhile_is_not_reported_as_built(tmp_path, monkeypatch):
   """Issue 55: two hourglass-data prepare of text_files on one --data_dir: the second waits for the first's build
   lock, then finds the first one's corpus there and says so instead of "built"."""
-  from hourglass_jax.data import prepare, tfds_io
+  from hourglass_jax.data.io import prepare, tfds_io
 
   for name in ("first", "second"):
     (tmp_path / name).mkdir()
@@ -148,7 +149,7 @@ def test_an_archive_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
   import tensorflow_datasets as tfds
   from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
-  from hourglass_jax.data import tfds_io
+  from hourglass_jax.data.io import tfds_io
 
   def wrong_checksum(builder, **kwargs):
     raise NonMatchingChecksumError(f"Artifact https://x/cifar-10.tar.gz, downloaded to {tmp_path}/c.tar.gz, has "
@@ -168,7 +169,7 @@ def test_orbax_disk_full_tracebacks_are_left_to_the_one_line_report(tmp_path):
 
   from absl import logging as absl_logging
 
-  from hourglass_jax.train.checkpoint import Checkpoints
+  from hourglass_jax.train.checkpointing.checkpoint import Checkpoints
 
   records = []
   handler = logging.Handler()
@@ -348,7 +349,7 @@ def test_a_full_disk_during_training_ends_in_one_line_and_keeps_the_last_checkpo
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), saved)
 
 
-# Writes the package makes through hourglass_jax.files only (issue 64). Calls that open, create, copy, rename or
+# Writes the package makes through hourglass_jax.runtime.files only (issue 64). Calls that open, create, copy, rename or
 # save a file, matched by name; a stream writer (PIL's save, matplotlib's savefig) passes when it writes into a file
 # object from files.atomic_file or into memory (io.BytesIO).
 _WRITE_CALLS = {"write_text", "write_bytes", "touch", "mkdir", "makedirs", "rename", "symlink", "symlink_to",
@@ -357,7 +358,7 @@ _WRITE_CALLS = {"write_text", "write_bytes", "touch", "mkdir", "makedirs", "rena
                 "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile", "TemporaryDirectory"}
 _STREAM_CALLS = {"save", "savefig", "dump"}  # write into their first argument
 _ALLOWED = {"self.manager.save": "Orbax's checkpoint writer (its own temporary folders and commit protocol)",
-            "checkpoints.save": "train/checkpoint.Checkpoints.save, which is Orbax's",
+            "checkpoints.save": "train/checkpointing/checkpoint.Checkpoints.save, which is Orbax's",
             "safetensors.numpy.save": "serialises to bytes in memory"}
 
 
@@ -377,7 +378,7 @@ def _write_mode(node) -> bool:
 
 
 def bypassing_writes(source: str) -> list[str]:
-  """The calls in `source` that write a file other than through hourglass_jax.files, as 'line: call'."""
+  """The calls in `source` that write a file other than through hourglass_jax.runtime.files, as 'line: call'."""
   tree = ast.parse(source)
   streams = set()  # names bound to a file object of files.atomic_file or an in-memory buffer
   for node in ast.walk(tree):
@@ -422,10 +423,10 @@ def test_every_write_in_the_package_goes_through_the_one_primitive():
   module of hourglass_jax but files.py is scanned for calls that write a file (open for writing, write_text /
   write_bytes, os.open, np.save, mkdir, rename, tempfile, shutil copies, a stream writer not given one of files'
   streams)."""
-  root = pathlib.Path(files.__file__).parent
+  root = pathlib.Path(files.__file__).parents[1]  # the package, runtime/files.py included
   bypasses = {str(path.relative_to(root.parent)): found for path in sorted(root.rglob("*.py"))
               if path != pathlib.Path(files.__file__) and (found := bypassing_writes(path.read_text()))}
-  assert not bypasses, f"writes that bypass hourglass_jax.files: {bypasses}"
+  assert not bypasses, f"writes that bypass hourglass_jax.runtime.files: {bypasses}"
 
 
 @pytest.mark.parametrize("source, found", [
@@ -483,7 +484,7 @@ def test_metrics_never_follow_a_planted_link(tmp_path, predictable):
   """Issue 64: links at metrics.jsonl's old fixed temporary name and at its next unique one (made predictable): the
   victim outside the workdir is untouched and metrics.jsonl is a file holding the record; a link as metrics.jsonl
   itself is refused in one line before the run compiles."""
-  from hourglass_jax.train import run_files
+  from hourglass_jax.train.reporting import run_files
 
   victim, workdir = _victim(tmp_path), tmp_path / "run"
   _links(workdir, [".metrics.jsonl.tmp", f".metrics.jsonl.{predictable(3)}.tmp"], victim)
@@ -505,7 +506,7 @@ def test_metrics_never_follow_a_planted_link(tmp_path, predictable):
 def test_evaluation_records_never_follow_a_planted_link(tmp_path, predictable):
   """Issue 64: links at evaluations/.20_test.json.tmp (the old fixed name) and at the next unique name leave the
   victim untouched; evaluations/ as a link to another folder, or a file, is said in one line, nothing written."""
-  from hourglass_jax.train import run_files
+  from hourglass_jax.train.reporting import run_files
 
   victim, workdir = _victim(tmp_path), tmp_path / "run"
   _links(workdir / "evaluations", [".20_test.json.tmp", f".20_test.json.{predictable(3)}.tmp"], victim)
@@ -577,8 +578,8 @@ def test_moving_a_checkpoint_aside_never_follows_a_planted_link(tmp_path):
 def test_pictures_never_follow_a_planted_link(tmp_path, predictable):
   """Issue 64: the image sampler's PNG and hourglass-plot's picture replace a link planted at their name (or at the
   next temporary name) rather than write through it; a link as the workdir's samples/ folder is refused."""
-  from hourglass_jax.data.images import save_png_grid
-  from hourglass_jax.train import curves, run_files
+  from hourglass_jax.data.batches.images import save_png_grid
+  from hourglass_jax.train.reporting import curves, run_files
 
   victim, workdir = _victim(tmp_path), tmp_path / "run"
   _links(workdir / "samples", ["images_step4.png", f".images_step4.png.{predictable(1)}.tmp"], victim)
@@ -600,7 +601,7 @@ def test_pictures_never_follow_a_planted_link(tmp_path, predictable):
 
 
 def test_the_primitive_refuses_links_fifos_and_folders_and_leaves_no_temporary(tmp_path, monkeypatch):
-  """hourglass_jax.files: a lock created exclusively never through a dangling link; appends and locks refuse a
+  """hourglass_jax.runtime.files: a lock created exclusively never through a dangling link; appends and locks refuse a
   link or a FIFO (which would block) at once; a folder at a file's name is named; a failed write leaves the old
   file and no temporary."""
   victim = _victim(tmp_path)
@@ -649,7 +650,7 @@ def test_a_metrics_log_the_run_could_not_append_to_is_named_with_its_line(tmp_pa
   """Issue 64: a metrics.jsonl line with a damaged key (still JSON) was deleted on resume without a word, random
   bytes ended in a codec error naming no file after the compile, a folder there was refused after the compile:
   each is refused naming the file, its line and the fix (hourglass-train checks it before compiling)."""
-  from hourglass_jax.train import run_files
+  from hourglass_jax.train.reporting import run_files
 
   if content is None:
     (tmp_path / "metrics.jsonl").mkdir()
@@ -666,8 +667,8 @@ def test_a_metrics_log_the_run_could_not_append_to_is_named_with_its_line(tmp_pa
 def test_a_damaged_metrics_log_stops_training_before_the_compile_and_a_torn_line_is_said(tmp_path, monkeypatch):
   """Issue 64: train_and_evaluate refuses a damaged metrics.jsonl before compiling anything; a torn last line (a
   kill mid-write) is dropped with a note, the lines before it kept."""
-  from hourglass_jax.train import loop
-  from hourglass_jax.train.trainer import Trainer
+  from hourglass_jax.train.compiled.trainer import Trainer
+  from hourglass_jax.train.loop import loop
   from tests.helpers import tiny_config
 
   def no_compile(self):
@@ -689,7 +690,7 @@ def test_a_damaged_metrics_log_stops_training_before_the_compile_and_a_torn_line
 def test_the_summaries_file_has_an_unpredictable_name(tmp_path):
   """Issue 64: tensorboardX opens its events file itself ('wb', following links), named by the time and host; a
   random suffix keeps a link from being planted at the name beforehand."""
-  from hourglass_jax.train.metrics import SummaryWriter
+  from hourglass_jax.train.reporting.metrics import SummaryWriter
 
   for _ in range(2):
     with SummaryWriter(str(tmp_path), enabled=True) as writer:

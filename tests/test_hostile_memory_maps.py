@@ -5,7 +5,7 @@ that compiles several hundred programs survives."""
 import subprocess
 import sys
 
-from hourglass_jax import memory_maps
+from hourglass_jax.runtime import memory_maps
 from tests.helpers import command_env
 
 # Several hundred distinct programs in one process, released every 50 as the library's sweeps do between runs; the
@@ -14,7 +14,7 @@ MANY_COMPILES = r"""
 import jax, jax.numpy as jnp
 jax.config.update("jax_disable_most_optimizations", True)
 jax.config.update("jax_enable_compilation_cache", False)
-from hourglass_jax import memory_maps
+from hourglass_jax.runtime import memory_maps
 x = jnp.ones((8, 8))
 start = memory_maps.mapped_regions()
 peak, grown = start, []

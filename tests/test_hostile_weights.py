@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import files, weights
+from hourglass_jax import weights
 from hourglass_jax.model import build_model
 from hourglass_jax.model.decode import unbox_params
+from hourglass_jax.runtime import files
 from tests.helpers import small_config
 
 AGAIN = "export it again with hourglass-export"

@@ -199,7 +199,7 @@ def test_aot_script_describes_tpu_slices():
 
 @pytest.mark.parametrize("name", ["enwik8", "imagenet32", "imagenet64", "cifar10"])
 def test_pod_presets_keep_the_paper_token_budget_and_split_evenly(name):
-  from hourglass_jax import sharding
+  from hourglass_jax.runtime import sharding
   from hourglass_jax.train import checks
   from tests.helpers import load_config
 

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from hourglass_jax.data.embedded import stdlib_bytes
+from hourglass_jax.data.builders.embedded import stdlib_bytes
 from tests.helpers import CONFIGS, run, train_command
 
 

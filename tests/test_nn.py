@@ -17,7 +17,7 @@ from hourglass_jax.model import build_model
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.layer_config import LAYER_FIELDS
 from hourglass_jax.model.layers import dense
-from hourglass_jax.sharding import DEFAULT_RULES
+from hourglass_jax.runtime.sharding import DEFAULT_RULES
 from tests.helpers import SMALL, small_config
 
 WIDTH = 24  # no config default: every module takes the input's width

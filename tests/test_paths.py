@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hourglass_jax import paths
+from hourglass_jax.runtime import paths
 from tests.helpers import free_port, run, train_command
 
 

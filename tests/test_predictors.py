@@ -14,7 +14,7 @@ from flax import traverse_util
 
 from hourglass_jax import nn as hnn
 from hourglass_jax.cli.boundaries import level_boundaries
-from hourglass_jax.data.embedded import stdlib_bytes
+from hourglass_jax.data.builders.embedded import stdlib_bytes
 from hourglass_jax.model import ModelConfig, build_model, counting, decode
 from hourglass_jax.model.hourglass import CODE_BOUNDARY_BYTES, WHITESPACE_BYTES, whitespace_boundaries
 from hourglass_jax.model.hourglass.dynamic.predictors import BOUNDARY_PREDICTORS, EXAMPLES, PREDICTORS, resolve

@@ -1,9 +1,10 @@
-"""train/prefetch.py: batches placed ahead, and a checkpointed state that resumes after the last batch handed out."""
+"""train/loop/prefetch.py: batches placed ahead, and a checkpointed state that resumes after the last batch handed
+out."""
 
 import numpy as np
 
-from hourglass_jax.data import pipeline
-from hourglass_jax.train.prefetch import DevicePrefetch
+from hourglass_jax.data.batches import pipeline
+from hourglass_jax.train.loop.prefetch import DevicePrefetch
 
 
 def _iterator():

@@ -9,11 +9,11 @@ import pytest
 
 from hourglass_jax.cli.sample import SampleOptions, sample
 from hourglass_jax.config import run_config
-from hourglass_jax.data import sources
-from hourglass_jax.train import trainer as trainer_lib
+from hourglass_jax.data.batches import sources
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.evaluate import evaluate_checkpoint
-from hourglass_jax.train.export import export_params
+from hourglass_jax.train.compiled import trainer as trainer_lib
+from hourglass_jax.train.loop.evaluate import evaluate_checkpoint
+from hourglass_jax.train.reporting.export import export_params
 from tests.helpers import copy_checkpoints, quiet
 
 

@@ -12,13 +12,13 @@ from PIL import Image
 
 from hourglass_jax.cli.sample import SampleOptions, check_options, load_draft, sample
 from hourglass_jax.config import run_config
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import ModelConfig
-from hourglass_jax.train import model_source
-from hourglass_jax.train.checkpoint_record import check_same_function
+from hourglass_jax.train.checkpointing import model_source
+from hourglass_jax.train.checkpointing.checkpoint import check_same_function
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.export import export_params
-from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.loop.loop import train_and_evaluate
+from hourglass_jax.train.reporting.export import export_params
 from tests.helpers import command_env, quiet, tiny_config, tiny_run, train_command
 
 # The shared one-layer config (tiny_config = helpers.FLAGS), so the command line and in-process calls agree.
@@ -203,7 +203,7 @@ def test_image_models_complete_images_from_scratch_and_from_real_top_rows(tmp_pa
   completed = sample(run_config(cfg), tmp_path / "run", SampleOptions(num_samples=2, prompt_rows=rows, split="test",
                                                           output=str(tmp_path / "grid.png")), log=quiet)
   assert completed["tokens"].shape == (2, 64 - rows * 8)
-  from hourglass_jax.data import sources
+  from hourglass_jax.data.batches import sources
   test_images = sources.make_source(DataSettings.of(cfg.data), "test", 256, 0)
   for i, image in enumerate(completed["images"]):
     np.testing.assert_array_equal(image[:rows], test_images.image(i)[:rows])

@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.preemption import EXIT_PREEMPTED
+from hourglass_jax.train.loop.loop import train_and_evaluate
+from hourglass_jax.train.loop.preemption import EXIT_PREEMPTED
 from tests import scale_out_probe
 from tests.helpers import command_env, free_port, quiet, tiny_config, train_command
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hourglass_jax.data import pipeline, sources
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches import pipeline, sources
+from hourglass_jax.data.batches.settings import DataSettings
 from tests.helpers import tiny_config
 
 

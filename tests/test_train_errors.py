@@ -3,11 +3,11 @@
 import jax
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train import metrics
+from hourglass_jax.runtime import sharding
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.reporting import metrics
 from tests.helpers import run, tiny_config, train_command
 
 

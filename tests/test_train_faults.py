@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
 from hourglass_jax.train.checks import DiskFullError, TrainError
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop.loop import train_and_evaluate
+from hourglass_jax.train.loop.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from tests.helpers import command_env, quiet, tiny_config, train_command
 
 
@@ -51,7 +51,7 @@ def test_sigterm_and_ctrl_c_checkpoint_the_current_step(tmp_path, signum, code, 
 def test_a_second_ctrl_c_aborts_at_once():
   script = """
 import os, signal
-from hourglass_jax.train.preemption import StopSignals
+from hourglass_jax.train.loop.preemption import StopSignals
 before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN when launched in the background
 with StopSignals(log=print) as signals:
   os.kill(os.getpid(), signal.SIGINT)

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.compiled.trainer import Trainer
 from tests.helpers import tiny_config
 
 KINDS = {

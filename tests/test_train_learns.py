@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 
-from hourglass_jax.data.settings import DataSettings
-from hourglass_jax.data.sources import split_tokens
-from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.data.batches.sources import split_tokens
+from hourglass_jax.data.batches.settings import DataSettings
+from hourglass_jax.train.loop.loop import train_and_evaluate
 from tests.helpers import HOURGLASS, quiet, tiny_config
 
 

@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from hourglass_jax.cli import main
-from hourglass_jax.train import progress
 from hourglass_jax.train.checks import warmup_warning
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.metrics import preformatted, scalars_of
-from hourglass_jax.train.optimizer import make_schedule
-from hourglass_jax.train.report import example_prompt, next_steps
+from hourglass_jax.train.compiled.optimizer import make_schedule
+from hourglass_jax.train.loop import progress
+from hourglass_jax.train.loop.loop import train_and_evaluate
+from hourglass_jax.train.reporting.metrics import preformatted, scalars_of
+from hourglass_jax.train.reporting.report import example_prompt, next_steps
 from tests.helpers import tiny_config
 
 

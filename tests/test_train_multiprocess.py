@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train.checkpoint import Checkpoints, config_record
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.checkpointing.checkpoint import Checkpoints, config_record
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.loop.loop import train_and_evaluate
 from tests.helpers import quiet, run_two_processes, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -21,7 +21,7 @@ _PROCESS = """
 import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
-from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.loop.loop import train_and_evaluate
 from tests.helpers import quiet, tiny_config
 by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(2)]
 interleaved = [d for pair in zip(*by_process) for d in pair]  # p0, p1, p0, p1: no process holds a block

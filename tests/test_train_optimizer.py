@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train import metrics
-from hourglass_jax.train.optimizer import decay_mask, make_optimizer, make_schedule
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.compiled.optimizer import decay_mask, make_optimizer, make_schedule
+from hourglass_jax.train.compiled.trainer import Trainer
+from hourglass_jax.train.reporting import metrics
 from tests.helpers import tiny_config
 
 

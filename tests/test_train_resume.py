@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from hourglass_jax.train import curves, run_files
-from hourglass_jax.train.loop import train_and_evaluate
+from hourglass_jax.train.loop.loop import train_and_evaluate
+from hourglass_jax.train.reporting import curves, run_files
 from tests.helpers import quiet, tiny_config
 
 

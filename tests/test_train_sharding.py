@@ -5,9 +5,9 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from hourglass_jax import sharding
 from hourglass_jax.config import run_config
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding
+from hourglass_jax.train.compiled.trainer import Trainer
 from tests.helpers import HOURGLASS, tiny_config
 
 STEPS = 3

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from hourglass_jax.config import run_config
-from hourglass_jax.train import workdir_lock
+from hourglass_jax.train.checkpointing import workdir_lock
+from hourglass_jax.train.checkpointing.workdir_lock import WorkdirLock
 from hourglass_jax.train.checks import TrainError
-from hourglass_jax.train.evaluate import evaluate_checkpoint
-from hourglass_jax.train.loop import train_and_evaluate
-from hourglass_jax.train.workdir_lock import WorkdirLock
+from hourglass_jax.train.loop.evaluate import evaluate_checkpoint
+from hourglass_jax.train.loop.loop import train_and_evaluate
 from tests.helpers import quiet, tiny_config
 
 

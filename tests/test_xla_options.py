@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hourglass_jax import sharding, xla_options
 from hourglass_jax.config import run_config
-from hourglass_jax.train.trainer import Trainer
+from hourglass_jax.runtime import sharding, xla_options
+from hourglass_jax.train.compiled.trainer import Trainer
 from tests.helpers import tiny_config
 
 DOT_OPTION = {xla_options.YNN_FUSION_TYPE: xla_options.LIBRARY_FUSION_TYPE_DOT}

@@ -12,7 +12,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peer"))
 
-from hourglass_jax import host_memory  # noqa: E402
+from hourglass_jax.runtime import host_memory  # noqa: E402
 
 # As hourglass-train's --host_malloc does, before the backend starts (peer_compare.py --host_malloc).
 HOST_MALLOC_KEPT = host_memory.configure(os.environ.get("HOURGLASS_HOST_MALLOC", "auto"))

@@ -62,7 +62,7 @@ def load(weights=None, workdir=None):
   path = weights if weights is not None else workdir
   if not os.path.isdir(os.path.join(os.path.expanduser(os.fspath(path)), "checkpoints")):
     return load_params(path)
-  from hourglass_jax.train.checkpoint import read_params  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.train.checkpointing.checkpoint import read_params  # pylint: disable=import-outside-toplevel
 
   params, _, record = read_params(path, None, log=lambda message: print(message, file=sys.stderr))
   if "model" not in record:

@@ -1,9 +1,9 @@
 """`hourglass-export`'s flags (defined on import, by main.export_entry only: --output is also hourglass-sample's)
-and the call of hourglass_jax.train.export.export_params they make."""
+and the call of hourglass_jax.train.reporting.export.export_params they make."""
 
 from absl import flags
 
-from hourglass_jax import paths
+from hourglass_jax.runtime import paths
 from hourglass_jax.weights import DTYPES
 
 _OUTPUT = flags.DEFINE_string("output", None, "Folder to write model.safetensors and config.json into (created).")
@@ -17,7 +17,7 @@ _LICENSE = flags.DEFINE_string("license", None, "The card's license: a Hugging F
 
 def run(workdir: str) -> dict:
   paths.check_writable_location(_OUTPUT.value, "--output", create=True)
-  from hourglass_jax.train.export import export_params  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.train.reporting.export import export_params  # pylint: disable=import-outside-toplevel
 
   return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value, overwrite=_OVERWRITE.value,
                        license_id=_LICENSE.value)

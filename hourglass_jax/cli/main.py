@@ -8,9 +8,9 @@ import traceback
 from absl import app, flags
 from absl import logging as absl_logging
 
-from hourglass_jax import files, host_memory, paths
 from hourglass_jax.cli import usage
 from hourglass_jax.config.flag import ConfigFileError, define_config_flag, one_line
+from hourglass_jax.runtime import files, host_memory, paths
 
 _CONFIG = define_config_flag("config", "A configs/*.py file, optionally with :preset (configs/dynamic.py:whitespace).")
 _HELP_CONFIG = flags.DEFINE_bool(usage.HELP_CONFIG, False, "List every --config.SECTION.FIELD setting with its value "
@@ -45,12 +45,12 @@ def _parse_flags(argv):
 
 def _setup(level):
   usage.quiet_logs(level)
-  from hourglass_jax import distributed
+  from hourglass_jax.runtime import distributed
 
   host_memory.configure(_HOST_MALLOC.value)  # before any backend starts: threads bind malloc arenas at start
 
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from hourglass_jax import compile_cache
+  from hourglass_jax.runtime import compile_cache
 
   compile_cache.enable(_COMPILATION_CACHE.value or compile_cache.default_location(_WORKDIR.value))
 
@@ -70,7 +70,7 @@ def _run(fn):
   try:
     return fn()
   except DiskFullError as error:
-    from hourglass_jax.train import preemption
+    from hourglass_jax.train.loop import preemption
 
     _exit_now(f"error: {error}", preemption.EXIT_DISK_FULL)
   except (ValueError, TrainError, OSError) as error:
@@ -100,7 +100,7 @@ def _run_reader(fn, what: str):
   try:
     return _run(fn)
   except KeyboardInterrupt:
-    from hourglass_jax.train import preemption
+    from hourglass_jax.train.loop import preemption
 
     print(f"error: {what} interrupted (Ctrl-C); nothing was lost: rerun the same command to start it again.",
           file=sys.stderr)
@@ -146,7 +146,7 @@ def _print_config_help() -> None:
 
 
 def _model_source():
-  from hourglass_jax.train import model_source
+  from hourglass_jax.train.checkpointing import model_source
 
   return model_source
 
@@ -177,7 +177,7 @@ def _overrides() -> list[str]:
 
 
 def _train():
-  from hourglass_jax.train.loop import train_and_evaluate
+  from hourglass_jax.train.loop.loop import train_and_evaluate
 
   created = [None]  # the outermost folder the run makes: removed again if it fails before writing a file into it
 
@@ -188,7 +188,7 @@ def _train():
     files.make_folder(_WORKDIR.value)
     return train_and_evaluate(run, _WORKDIR.value)
 
-  from hourglass_jax.train import preemption
+  from hourglass_jax.train.loop import preemption
 
   try:
     summary = _run(train)
@@ -210,7 +210,7 @@ def _print_next_steps(prompt: str | None) -> None:
   (`prompt`: one in the style of the data, for a text model)."""
   import jax
 
-  from hourglass_jax.train.report import next_steps
+  from hourglass_jax.train.reporting.report import next_steps
 
   if jax.process_index() != 0:
     return
@@ -223,7 +223,7 @@ def _print_next_steps(prompt: str | None) -> None:
 
 
 def _eval():
-  from hourglass_jax.train.evaluate import evaluate_checkpoint
+  from hourglass_jax.train.loop.evaluate import evaluate_checkpoint
 
   def evaluate():
     run = _reader_config()
@@ -255,7 +255,7 @@ def _data(argv):
     raise app.UsageError(f"usage: hourglass-data prepare NAME [--manual_dir=DIR] [--data_dir=DIR]; NAME is one of "
                          f"{', '.join(DATASETS)}.")
   usage.quiet_logs()
-  from hourglass_jax.data.prepare import prepare_command
+  from hourglass_jax.data.io.prepare import prepare_command
 
   _run_reader(lambda: paths.check_local_data_dir(_DATA_DIR.value or "", "--data_dir")
               or prepare_command(argv[2], _DATA_DIR.value, _MANUAL_DIR.value), "hourglass-data prepare")

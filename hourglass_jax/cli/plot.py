@@ -1,6 +1,6 @@
 """`hourglass-plot WORKDIR [WORKDIR...] --output=FILE.png`: the learning curves of one or more training runs, from
-each workdir's metrics.jsonl (hourglass_jax/train/curves.py), to compare runs at a glance. Needs matplotlib (the
-[plot] extra)."""
+each workdir's metrics.jsonl (hourglass_jax/train/reporting/curves.py), to compare runs at a glance. Needs
+matplotlib (the [plot] extra)."""
 
 import sys
 
@@ -24,7 +24,7 @@ def main():
     usage.quiet_logs()
     if len(argv) < 2 or not output.value:
       raise app.UsageError("usage: hourglass-plot WORKDIR [WORKDIR...] --output=FILE.png")
-    from hourglass_jax.train.curves import plot_runs  # pylint: disable=import-outside-toplevel
+    from hourglass_jax.train.reporting.curves import plot_runs  # pylint: disable=import-outside-toplevel
 
     try:
       plot_runs(argv[1:], output.value, x.value)

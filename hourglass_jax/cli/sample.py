@@ -13,15 +13,16 @@ import os
 import jax
 import numpy as np
 
-from hourglass_jax import compile_cache, generation, paths, weights
+from hourglass_jax import generation, weights
 from hourglass_jax.config.run import RunConfig
-from hourglass_jax.data import sources
+from hourglass_jax.data.batches import sources
 from hourglass_jax.model import ModelConfig, build_model, decode
-from hourglass_jax.sharding import make_mesh
 from hourglass_jax.model.decode import drafts, sampling
-from hourglass_jax.train import model_source
-from hourglass_jax.train.checkpoint import NoCheckpointError, read_params
-from hourglass_jax.train.state import make_init_fn, state_layout
+from hourglass_jax.runtime import compile_cache, paths
+from hourglass_jax.runtime.sharding import make_mesh
+from hourglass_jax.train.checkpointing import model_source
+from hourglass_jax.train.checkpointing.checkpoint import NoCheckpointError, read_params
+from hourglass_jax.train.compiled.state import make_init_fn, state_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +181,7 @@ def check_kind_options(options: SampleOptions, images: bool, dataset: str) -> No
 
 def _image_prompts(run: RunConfig, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
   """(prompts [N, 1 + rows*W*C]: the start token and the top rows, originals [N, H, W, C] or None)."""
-  from hourglass_jax.data.image_source import START_TOKEN  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.data.batches.image_source import START_TOKEN  # pylint: disable=import-outside-toplevel
 
   height, width, channels = shape
   if not 0 <= options.prompt_rows < height:
@@ -268,7 +269,8 @@ def speculation_line(stats, options: SampleOptions) -> str:
 
 
 def _write_images(workdir, options, step, prompts, tokens, shape, originals, log) -> dict:
-  from hourglass_jax.data.images import save_png_grid, tokens_to_images  # pylint: disable=import-outside-toplevel
+  from hourglass_jax.data.batches.images import (  # pylint: disable=import-outside-toplevel
+      save_png_grid, tokens_to_images)
 
   pixels = np.concatenate([prompts[:, 1:], tokens], axis=1)  # without the start token
   images = tokens_to_images(pixels, *shape)

@@ -1,5 +1,5 @@
 """`--help_config`: every `--config.SECTION.FIELD` of a config with its value and one-line doc, the docs read from
-the settings classes' own declarations (hourglass_jax.settings.declarations), never restated here."""
+the settings classes' own declarations (hourglass_jax.runtime.settings.declarations), never restated here."""
 
 import dataclasses
 import inspect
@@ -8,10 +8,10 @@ import shlex
 
 import ml_collections
 
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model.config import ModelConfig
-from hourglass_jax.settings import declarations
-from hourglass_jax.sharding import MeshSettings
+from hourglass_jax.runtime.settings import declarations
+from hourglass_jax.runtime.sharding import MeshSettings
 from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 
 # Each section of a config and the class that declares its settings.

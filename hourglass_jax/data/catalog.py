@@ -4,7 +4,7 @@ TFDS, so reading it is cheap."""
 
 import dataclasses
 
-from hourglass_jax import paths
+from hourglass_jax.runtime import paths
 
 # The download places, here rather than in the builders so that reading the table does not import TFDS.
 ENWIK8_URL, ENWIK8_ARCHIVE = "http://mattmahoney.net/dc/enwik8.zip", "enwik8.zip"
@@ -78,7 +78,8 @@ def get(name: str) -> DatasetSpec:
 
 def spec(name: str) -> DatasetSpec:
   """What a data.name is (its kind, image shape, what preparing it needs): a TFDS dataset or a source read directly.
-  The run config looks it up once (data.settings.DataSettings.spec); a card's recorded name is looked up here."""
+  The run config looks it up once (data.batches.settings.DataSettings.spec); a card's recorded name is looked up
+  here."""
   if name in DIRECT:
     return DIRECT[name]
   if name not in DATASETS:

@@ -9,7 +9,7 @@ byte t+1, which decoding has when it drafts (the byte the verifying pass gave), 
 its own. W2 starts at zero. The chain reads the last layer's output (`draft_heads_from='last'`, what the output
 layer reads) or the shortened level's output (`'short'`: the outermost shortened level's up-sampled stream plus
 its residual, what the post layers read). It trains with the model in the same step on the true bytes: the mean
-over heads of their cross-entropy, times `draft_loss_weight`, sown into 'losses' (train/step.py adds every sown
+over heads of their cross-entropy, times `draft_loss_weight`, sown into 'losses' (train/compiled/step.py adds every sown
 loss), with each head's accuracy sown into 'metrics'."""
 
 import dataclasses

@@ -18,7 +18,7 @@ from hourglass_jax.ops.block_attention import relative_bias
 from hourglass_jax.ops.dropout import Dropout
 from hourglass_jax.ops.layer_norm import layer_norm as fused_layer_norm
 from hourglass_jax.ops.weight_gradient import dense_dot_general
-from hourglass_jax.sharding import LAYERS_AXIS
+from hourglass_jax.runtime.sharding import LAYERS_AXIS
 
 
 def dense(cfg: LayerConfig, features, axes: tuple[str, ...], name: str, in_axes=-1, use_bias: bool = True):

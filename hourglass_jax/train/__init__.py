@@ -1,3 +1,3 @@
-"""The training system: config checks, optimizer, sharded train state and steps, the loop with checkpoints,
-metrics and preemption handling, and checkpoint evaluation (`loop.train_and_evaluate`,
-`evaluate.evaluate_checkpoint`)."""
+"""The training system, by role, over the settings and errors every part shares (settings.py, checks.py): what a run
+compiles (compiled/), what it keeps and reads back (checkpointing/), what it reports (reporting/), and the loop
+and evaluation that drive them (loop/: `loop.train_and_evaluate`, `evaluate.evaluate_checkpoint`)."""

@@ -2,7 +2,7 @@
 made, hourglass_jax/config/run.py): the batch split over devices and processes, the training windows; the schedule's
 warmup warning; and the errors training raises."""
 
-from hourglass_jax.data.settings import DataSettings
+from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.train.settings import TrainSettings
 
 

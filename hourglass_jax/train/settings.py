@@ -1,10 +1,10 @@
-"""The `train` and `checkpoint` config sections, declared once (hourglass_jax/settings.py)."""
+"""The `train` and `checkpoint` config sections, declared once (hourglass_jax/runtime/settings.py)."""
 
 import dataclasses
 
 import numpy as np
 
-from hourglass_jax.settings import Section
+from hourglass_jax.runtime.settings import Section
 
 SCHEDULES = ("cosine", "rsqrt", "constant")
 MAX_STEPS = 2**31 - 1  # the train state's step counter is int32

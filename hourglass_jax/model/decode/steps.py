@@ -168,7 +168,7 @@ def prefill(params, cfg: ModelConfig, prompt_BxP, max_len: int, tap: bool = Fals
 
   Returns (cache, logits [B, vocab] predicting token P), with `tap` also what the draft heads read at each prompt
   position [B, P, D]. The models have no BOS token of their own (image data starts each sequence with one, see
-  data/image_source.py), so the prompt needs >= 1 token; prompt + generated tokens must fit in `max_len`.
+  data/batches/image_source.py), so the prompt needs >= 1 token; prompt + generated tokens must fit in `max_len`.
   """
   prompt_BxP = check_tokens(prompt_BxP, cfg.vocab_size, "prompt")
   length = prompt_BxP.shape[1]

@@ -18,9 +18,9 @@ from hourglass_jax.model.layer_config import LayerConfig, LayerOptions, check_ch
 from hourglass_jax.model.layers import feed_forward_residual, layer_norm, pad_to, scan_blocks
 from hourglass_jax.model.multiscale.attention import ScaleAttention
 from hourglass_jax.model.multiscale.resampling import cached_pyramid, pyramid, pyramid_cache
-from hourglass_jax.model.resampling import DOWNSAMPLERS
 from hourglass_jax.model.multiscale.scales import MultiScale, MultiScaleSettings, parse_multiscale
-from hourglass_jax.sharding import LAYERS_AXIS
+from hourglass_jax.model.resampling import DOWNSAMPLERS
+from hourglass_jax.runtime.sharding import LAYERS_AXIS
 
 
 def check_windows_fit(scales: MultiScale, retina_windows: str, length: int) -> None:
