@@ -19,7 +19,7 @@ from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import decode
 from hourglass_jax.model.decode import drafts, filters, sampling
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
-from hourglass_jax.runtime import compile_cache, paths
+from hourglass_jax.runtime import compile_cache, files, paths
 from hourglass_jax.train.compiled.trainer import Trainer
 from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 from tests.helpers import small_config
@@ -214,7 +214,7 @@ def test_a_fixed_model_with_default_dynamic_settings_still_builds():
 @pytest.mark.parametrize("workdir", ["", "  "])
 def test_an_empty_workdir_is_refused(workdir):
   with pytest.raises(ValueError, match="--workdir is empty; pass a folder"):
-    paths.check_writable_location(workdir, "--workdir", create=True)
+    files.check_writable_location(workdir, "--workdir", create=True)
 
 
 def test_compilation_cache_defaults_to_a_local_folder_for_a_bucket_workdir(monkeypatch, tmp_path):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hourglass_jax.runtime import paths
+from hourglass_jax.runtime import files, paths
 from tests.helpers import free_port, run, train_command
 
 
@@ -32,14 +32,14 @@ def test_a_failed_start_removes_only_the_empty_folders_it_made(tmp_path):
 
 
 def test_a_url_this_install_cannot_open_is_refused_with_the_fix(monkeypatch):
-  paths.check_writable_location("/tmp/run", "--workdir")  # local: nothing to check
+  files.check_writable_location("/tmp/run", "--workdir")  # local: nothing to check
   with pytest.raises(ValueError, match="unsupported URL scheme 'ftp'"):
-    paths.check_writable_location("ftp://host/run", "--workdir")
+    files.check_writable_location("ftp://host/run", "--workdir")
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name in ("gcsfs", "tensorflow") else find_spec(name, *a))
   with pytest.raises(ValueError, match=r"--workdir=gs://b/run: gs:// paths need the gcsfs package.*\[gcs\]"):
-    paths.check_writable_location("gs://b/run", "--workdir")
+    files.check_writable_location("gs://b/run", "--workdir")
 
 
 def test_train_refuses_an_unusable_workdir_url_before_touching_devices():
@@ -54,7 +54,7 @@ def test_an_unreachable_bucket_service_fails_fast_in_one_line(monkeypatch):
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", dead)
   with pytest.raises(ValueError, match=rf"--workdir=gs://b/run: cannot reach 127.0.0.1:\d+ \(Connection refused\); "
                                        r"check the network \(or \$STORAGE_EMULATOR_HOST\)"):
-    paths.check_writable_location("gs://b/run", "--workdir")
+    files.check_writable_location("gs://b/run", "--workdir")
 
   def hang(*_, **__):  # a name lookup that hangs: socket timeouts do not cover it
     time.sleep(3)

@@ -3,7 +3,7 @@ and the call of hourglass_jax.train.reporting.export.export_params they make."""
 
 from absl import flags
 
-from hourglass_jax.runtime import paths
+from hourglass_jax.runtime import files
 from hourglass_jax.weights import DTYPES
 
 _OUTPUT = flags.DEFINE_string("output", None, "Folder to write model.safetensors and config.json into (created).")
@@ -16,7 +16,7 @@ _LICENSE = flags.DEFINE_string("license", None, "The card's license: a Hugging F
 
 
 def run(workdir: str) -> dict:
-  paths.check_writable_location(_OUTPUT.value, "--output", create=True)
+  files.check_writable_location(_OUTPUT.value, "--output", create=True)
   from hourglass_jax.train.reporting.export import export_params  # pylint: disable=import-outside-toplevel
 
   return export_params(workdir, _OUTPUT.value, _STEP.value, _DTYPE.value, overwrite=_OVERWRITE.value,

@@ -59,7 +59,7 @@ def _check_locations(run, create: bool = True) -> None:
   """A workdir that is a file, cannot be created (`create`: training makes it) or is a URL this install cannot open
   or reach, or a bucket data dir of the RunConfig `run`, fails here, before devices or data are touched."""
   paths.check_local_data_dir(run.data.data_dir, "--config.data.data_dir")
-  paths.check_writable_location(_WORKDIR.value, "--workdir", create)
+  files.check_writable_location(_WORKDIR.value, "--workdir", create)
 
 
 def _run(fn):
@@ -287,7 +287,7 @@ def sample_entry():
 def _export():
   from hourglass_jax.cli import export_flags
 
-  _run_reader(lambda: paths.check_writable_location(_WORKDIR.value, "--workdir", create=False)
+  _run_reader(lambda: files.check_writable_location(_WORKDIR.value, "--workdir", create=False)
               or export_flags.run(_WORKDIR.value), "hourglass-export")
 
 

@@ -359,3 +359,36 @@ def interrupts_held():
       previous(*received[0])
     elif received and previous == signal.SIG_DFL:
       raise KeyboardInterrupt
+
+
+def check_writable_location(path, what: str, create: bool = False) -> None:
+  """Raises ValueError, before any long work, when `path` is empty, names a file, (`create`) cannot be made a
+  folder, or is a URL this install cannot open or whose service does not answer (paths.check_remote_location)."""
+  text = os.fspath(path)
+  if not text.strip():
+    raise ValueError(f"{what} is empty; pass a folder (e.g. {what}=runs/my_run): an empty one would write into the "
+                     "current directory.")
+  if paths.is_remote(text):
+    paths.check_remote_location(text, what)
+  else:
+    _check_local_folder(text, what, create)
+
+
+def _check_local_folder(text: str, what: str, create: bool) -> None:
+  folder = os.path.abspath(os.path.expanduser(text))
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    raise ValueError(f"{what}={text} is a file; pass {'a folder (a new one is created)' if create else 'a folder'}.")
+  if not create:
+    return
+  above = os.path.dirname(folder)
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    raise ValueError(f"{what}={text} lies under the file {above}; pass a folder in a writable location.")
+  try:
+    make_folder(folder)
+  except OSError as error:
+    raise ValueError(f"{what}={text} cannot be created ({error.strerror}); pass a folder in a writable "
+                     "location.") from error
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise ValueError(f"{what}={text} is not writable; pass a folder in a writable location.")

@@ -50,16 +50,9 @@ def check_local_data_dir(path, what: str) -> None:
                      "mount the bucket with Cloud Storage FUSE (gcsfuse) and pass the mounted folder.")
 
 
-def check_writable_location(path, what: str, create: bool = False) -> None:
-  """Raises ValueError, before any long work, when `path` is a URL this install cannot open or whose service does
-  not answer (the storage clients would retry for minutes), names a file, or (`create`) cannot be made a folder."""
-  text = os.fspath(path)
-  if not text.strip():
-    raise ValueError(f"{what} is empty; pass a folder (e.g. {what}=runs/my_run): an empty one would write into the "
-                     "current directory.")
-  if not is_remote(text):
-    _check_local_folder(text, what, create)
-    return
+def check_remote_location(text: str, what: str) -> None:
+  """Raises ValueError, before any long work, when the URL `text` has a scheme this install cannot open or its
+  service does not answer (the storage clients would retry for minutes)."""
   scheme = text.split("://", 1)[0]
   if scheme not in _BACKENDS:
     raise ValueError(f"{what}={text}: unsupported URL scheme {scheme!r}; use a local folder or gs://bucket/dir.")
@@ -94,28 +87,6 @@ def _unreachable(host: str, port: int, seconds: float = REACH_SECONDS) -> str | 
   thread.start()
   thread.join(seconds)
   return outcome[0] if outcome else f"no answer in {seconds:.0f} s"
-
-
-def _check_local_folder(text: str, what: str, create: bool) -> None:
-  folder = os.path.abspath(os.path.expanduser(text))
-  if os.path.exists(folder) and not os.path.isdir(folder):
-    raise ValueError(f"{what}={text} is a file; pass {'a folder (a new one is created)' if create else 'a folder'}.")
-  if not create:
-    return
-  above = os.path.dirname(folder)
-  while not os.path.exists(above):
-    above = os.path.dirname(above)
-  if not os.path.isdir(above):
-    raise ValueError(f"{what}={text} lies under the file {above}; pass a folder in a writable location.")
-  from hourglass_jax.runtime import files  # pylint: disable=import-outside-toplevel  (files reads this module)
-
-  try:
-    files.make_folder(folder)
-  except OSError as error:
-    raise ValueError(f"{what}={text} cannot be created ({error.strerror}); pass a folder in a writable "
-                     "location.") from error
-  if not os.access(folder, os.W_OK | os.X_OK):
-    raise ValueError(f"{what}={text} is not writable; pass a folder in a writable location.")
 
 
 def first_missing(path) -> str | None:
