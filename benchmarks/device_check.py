@@ -42,6 +42,7 @@ import time  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.battery_configs import DRY, decode_config, timed, train_config  # noqa: E402,F401  (tests read them here)
 from benchmarks.device_summary import latest_summary, summary_markdown  # noqa: E402,F401  (the generator's API)
 
 # The smoke stage: one pytest run, one case of each GPU path (test ids; tests/test_device_check.py checks they exist)
@@ -95,10 +96,6 @@ PRESET_CASES = ("dropout", "no_attention_dropout", "large", "dynamic", "fixed") 
 DECODE_BATCHES = (1, 16, 128)
 SPECULATIVE_BATCHES = (1, 16)
 AUNET_BYTES_PER_S, AUNET_PARAMS = 225e3, 1e9  # AU-Net, 1B parameters, per H100 (the issue's anchor)
-# --dry-run: every model tiny, one timed step, decoding 4 tokens.
-DRY = dict(model=dict(d_model=32, num_heads=2, d_ff=64), seq_len=48, batch=2, decode_batches=(1, 2, 4),
-           decode_tokens=4, hierarchy={"": "1@1 1@3 1@1", "large": "1@1 1@3 1@1", "dynamic": "1@1 1@4 1@1",
-                                       "fixed": "1@1 1@4 1@1", "vanilla": "3@1"})
 
 
 def parse_args(argv=None):
@@ -241,27 +238,6 @@ def environment(args) -> dict:
               peak_nominal_bf16=nominal, peak_nominal_source=source)
 
 
-def train_config(preset: str, overrides: dict, dry_run: bool, case: dict | None = None):
-  """configs/gpu.py's preset as a benchmark step: synthetic data, no eval, checkpoint or sample; `case` (a
-  TRAIN_CASES entry) may change the batch and the remat policy."""
-  from benchmarks.common import load_config
-
-  cfg = load_config("gpu", preset)
-  cfg.model.update(overrides)
-  if case and case["batch"]:
-    cfg.data.batch_size = case["batch"]
-  if dry_run:
-    hierarchy = DRY["hierarchy"]["vanilla" if cfg.model.kind == "vanilla" else preset]
-    cfg.model.update(hierarchy=hierarchy, **DRY["model"])
-    cfg.data.update(seq_len=DRY["seq_len"], batch_size=DRY["batch"])
-  cfg.data.update(name="synthetic", eval_batches=1)
-  cfg.train.update(steps=1_000_000, warmup_steps=10, eval_every=0, sample_bytes=0, grad_accum_steps=1)
-  if case and case["remat"]:
-    cfg.model.remat_policy = case["remat"]
-  cfg.checkpoint.update(every_steps=0)
-  return cfg
-
-
 def attention_kernel(cfg) -> str:
   """What attention_impl resolves to for the model's full-resolution (causal) attention in training."""
   from hourglass_jax.model import ModelConfig
@@ -273,17 +249,6 @@ def attention_kernel(cfg) -> str:
   return resolve_implementation(model.attention_impl, dtype=model.dtype, has_bias=model.position == "relative",
                                 has_dropout=model.attention_dropout_rate > 0, static_mask=True,
                                 lengths=(length, length), mask_TxS=causal_mask(length))
-
-
-def timed(call, measure_s: float, max_steps: int) -> list[float]:
-  """Seconds per call after one untimed warm call, until `measure_s` passes or `max_steps` ran (at least one)."""
-  call()
-  times, deadline = [], time.perf_counter() + measure_s
-  while not times or (time.perf_counter() < deadline and len(times) < max_steps):
-    start = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - start)
-  return times
 
 
 def compile_train_case(cfg, blocks: str | None):
@@ -336,10 +301,6 @@ def measure_train(args, keys: list[str], env: dict, clock: Clock, programs: Prog
       row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
     print(f"train {row['name']}: " + _short(row), flush=True)
   return rows
-
-
-def decode_config(dry_run: bool):
-  return train_config("", dict(dropout=0.0), dry_run)
 
 
 def compile_decode(cfg, batch: int, tokens: int):

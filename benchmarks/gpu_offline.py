@@ -160,9 +160,9 @@ def flash_vector_seconds(kernel: dict, gpu: dict) -> float:
 def step_config(preset: str, variant: str, dry_run: bool, overrides: dict | None = None, settings=()):
   """The benchmark step of `preset` with the remat `variant` and `settings` ('section.field=value', as the
   command line's --config.section.field=value) applied."""
-  from benchmarks import device_check
+  from benchmarks import battery_configs
 
-  cfg = device_check.train_config(preset, dict(overrides or {}), dry_run)
+  cfg = battery_configs.train_config(preset, dict(overrides or {}), dry_run)
   for section, values in VARIANTS[variant].items():
     cfg[section].update(values)
   for setting in settings:

@@ -272,7 +272,7 @@ def gpu_estimate(args, batches=(1, 16, 128)) -> dict:
   the entries that complete one of their tokens)."""
   import jax.numpy as jnp
 
-  from benchmarks import device_check, gpu_offline, hlo_kernels
+  from benchmarks import battery_configs, gpu_offline, hlo_kernels
   from hourglass_jax.model import build_model, decode
   from hourglass_jax.model.decode.steps import row_positions
   from hourglass_jax.testing import variable_shapes
@@ -288,7 +288,7 @@ def gpu_estimate(args, batches=(1, 16, 128)) -> dict:
   total = lambda compiled: hlo_kernels.roofline(in_place_scatters(compiled.as_text()),
                                                 hlo_kernels.GPUS["h100"])["total"]  # launches, flops, bytes, seconds
   models = {"default:self_draft": ModelConfig.from_dict(run_config("code", "target", args).model),
-            "gpu.py (battery)": ModelConfig.from_dict(device_check.decode_config(False).model)}
+            "gpu.py (battery)": ModelConfig.from_dict(battery_configs.decode_config(False).model)}
   out = {}
   for label, cfg in models.items():
     params = placed(variable_shapes(build_model(cfg), (1, cfg.pad_multiple), jnp.int32)["params"])
