@@ -42,7 +42,7 @@ import time  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.battery_configs import DRY, decode_config, timed, train_config  # noqa: E402,F401  (tests read them here)
+from benchmarks.battery_configs import DRY, decode_config, timed, train_config  # noqa: E402
 from benchmarks.device_summary import latest_summary, summary_markdown  # noqa: E402,F401  (the generator's API)
 
 # The smoke stage: one pytest run, one case of each GPU path (test ids; tests/test_device_check.py checks they exist)

@@ -104,15 +104,20 @@ def upsampling(name: str, owner: str = "upsample") -> type[Upsampling]:
   return UPSAMPLINGS[name]
 
 
+def by_multiscale_name(registry: dict) -> dict:
+  """{multiscale_name: class} of the methods in `registry` that are also a multi-scale model's, in its order."""
+  return {cls.multiscale_name: cls for cls in registry.values() if cls.multiscale_name}
+
+
 def downsampling(name: str, owner: str = "downsampler") -> type[Shortening]:
   """The shortening a multi-scale model's `downsampler` names."""
-  by_name = {cls.multiscale_name: cls for cls in SHORTENINGS.values() if cls.multiscale_name}
+  by_name = by_multiscale_name(SHORTENINGS)
   check_choice(owner, name, tuple(by_name))
   return by_name[name]
 
 
 def scale_upsampling(name: str, owner: str = "upsampler") -> type[Upsampling]:
   """The up-sampling a multi-scale model's `upsampler` names."""
-  by_name = {cls.multiscale_name: cls for cls in UPSAMPLINGS.values() if cls.multiscale_name}
+  by_name = by_multiscale_name(UPSAMPLINGS)
   check_choice(owner, name, tuple(by_name))
   return by_name[name]
