@@ -163,8 +163,9 @@ def test_an_archive_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
 
 
 def test_orbax_disk_full_tracebacks_are_left_to_the_one_line_report(tmp_path):
-  """A full disk during an async save: Orbax's threads log a traceback each; while checkpoints are open those
-  records are dropped (Checkpoints raises one TrainError naming the folder), other records pass."""
+  """A full disk during an async save: Orbax's threads log a traceback each, and asyncio one per abandoned write
+  task ("Task exception was never retrieved"); while checkpoints are open those records are dropped (Checkpoints
+  raises one TrainError naming the folder), other records pass."""
   import logging
 
   from absl import logging as absl_logging
@@ -174,18 +175,21 @@ def test_orbax_disk_full_tracebacks_are_left_to_the_one_line_report(tmp_path):
   records = []
   handler = logging.Handler()
   handler.emit = records.append
-  logger = logging.getLogger("absl")
-  logger.addHandler(handler)
+  logging.getLogger().addHandler(handler)  # the root's: where absl's and asyncio's records reach a handler
+  full = ValueError("RESOURCE_EXHAUSTED: Error writing \"opt_state\" in OCDBT database: Failed to write 23746 bytes "
+                    "to file 10: No space left on device [os_error_code='28']")
   try:
     with Checkpoints(tmp_path / "checkpoints", log=quiet):
       try:
         raise OSError(errno.ENOSPC, "No space left on device")
       except OSError:
         absl_logging.exception("_SignalingThread.run() raised an exception")
+      logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=(ValueError, full, None))
       absl_logging.error("some other failure")
+      logging.getLogger("asyncio").error("another task failed", exc_info=(ValueError, ValueError("other"), None))
   finally:
-    logger.removeHandler(handler)
-  assert [r.getMessage() for r in records] == ["some other failure"]
+    logging.getLogger().removeHandler(handler)
+  assert [r.getMessage() for r in records] == ["some other failure", "another task failed"]
 
 
 def test_writes_abandoned_by_a_failed_save_print_nothing(tmp_path):

@@ -38,6 +38,8 @@ from hourglass_jax.train.settings import CheckpointSettings
 
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
 _TMP = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step's folder while it is written
+# Orbax's threads log through absl; its write tasks, abandoned when a save fails, through asyncio's default handler.
+_REPORTING_LOGGERS = ("absl", "asyncio")
 UNVERIFIED_OVERRIDE = "--config.checkpoint.allow_unverified=True"
 SETTINGS_CHANGE_OVERRIDE = "--config.checkpoint.allow_settings_change=True"
 RECIPE = ("learning_rate", "schedule", "warmup_steps", "min_lr_ratio", "b1", "b2", "eps", "weight_decay",
@@ -118,7 +120,8 @@ class Checkpoints:
     self._settled = None  # the step of the last save known to be finished
 
   def __enter__(self):
-    logging.getLogger("absl").addFilter(self._quiet_reported)
+    for name in _REPORTING_LOGGERS:
+      logging.getLogger(name).addFilter(self._quiet_reported)
     self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._quiet_abandoned_writes
     self.manager.__enter__()
     return self
@@ -133,15 +136,17 @@ class Checkpoints:
       if error_type is None:
         raise  # else the error leaving the block (a failed save's, say) is the one to report, not its echo here
     finally:
-      logging.getLogger("absl").removeFilter(self._quiet_reported)
-      # After a failed or interrupted save, abandoned writes keep completing: the hook stays.
+      # After a failed or interrupted save, abandoned writes keep completing: the filters and the hook stay.
       interrupted = error_type is not None and issubclass(error_type, KeyboardInterrupt)
-      if not (self.failed or interrupted) and sys.unraisablehook == self._quiet_abandoned_writes:
-        sys.unraisablehook = self._previous_hook
+      if not (self.failed or interrupted):
+        for name in _REPORTING_LOGGERS:
+          logging.getLogger(name).removeFilter(self._quiet_reported)
+        if sys.unraisablehook == self._quiet_abandoned_writes:
+          sys.unraisablehook = self._previous_hook
 
   def _quiet_reported(self, record: logging.LogRecord) -> bool:
-    """absl's log filter while open: drops Orbax's records (a traceback each, dozens per failed save) about a full
-    disk, which `save` and `wait` report in one line naming the folder and the fix, and about a Ctrl-C that
+    """absl's and asyncio's log filter while open: drops Orbax's records (a traceback each, dozens per failed save)
+    and asyncio's "Task exception was never retrieved" for its abandoned write tasks about a full disk, which `save` and `wait` report in one line naming the folder and the fix, and about a Ctrl-C that
     interrupted a save, which the command reports in one line."""
     error = record.exc_info[1] if record.exc_info else None
     return not (is_disk_full(error) or isinstance(error, KeyboardInterrupt)
