@@ -23,7 +23,7 @@ train: $(STAMP)
 	$(VENV)/bin/hourglass-train --config=$(CONFIG) --workdir=$(WORKDIR)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 -q --durations=20
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -q --durations=20
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -m "not slow and not multiprocess"
