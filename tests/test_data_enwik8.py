@@ -6,6 +6,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from hourglass_jax.data import catalog
 from hourglass_jax.data.builders.byte_chunks import ByteStream
 from hourglass_jax.data.io import tfds_io
 
@@ -29,7 +30,7 @@ def test_splits_hold_exactly_the_90_5_5_bytes_in_order(tmp_path):
   fake_enwik8(tmp_path / "manual", data)
   tfds_io.prepare("enwik8", str(tmp_path / "tfds"), str(tmp_path / "manual"), builder_kwargs=SMALL, progress=False)
   for split, (lo, hi) in dict(train=(0, 1800), valid=(1800, 1900), test=(1900, 2000)).items():
-    records = tfds_io.open_split("enwik8", split, str(tmp_path / "tfds"))
+    records = tfds_io.open_split(catalog.get("enwik8"), split, str(tmp_path / "tfds"))
     stream = ByteStream(records)
     assert len(records) == -(-(hi - lo) // 64) and stream.chunk_bytes == 64
     assert stream[:].tobytes() == data[lo:hi]
@@ -74,4 +75,4 @@ def test_bad_archives_fail_clearly_and_leave_no_dataset(tmp_path, problem, messa
   assert not builder.is_prepared()
   assert not list((data_dir / "enwik8").glob("*")), "a failed build left files behind"
   with pytest.raises(FileNotFoundError, match=r"not prepared under .*hourglass-data prepare enwik8"):
-    tfds_io.open_split("enwik8", "train", str(data_dir))
+    tfds_io.open_split(catalog.get("enwik8"), "train", str(data_dir))

@@ -15,7 +15,7 @@ import numpy as np
 
 from hourglass_jax import generation, weights
 from hourglass_jax.config.run import RunConfig
-from hourglass_jax.data.batches import sources
+from hourglass_jax.data.batches.image_source import START_TOKEN, open_images
 from hourglass_jax.model import ModelConfig, build_model, decode
 from hourglass_jax.model.decode import drafts, sampling
 from hourglass_jax.runtime import compile_cache, paths
@@ -181,8 +181,6 @@ def check_kind_options(options: SampleOptions, images: bool, dataset: str) -> No
 
 def _image_prompts(run: RunConfig, options: SampleOptions, shape) -> tuple[np.ndarray, np.ndarray | None]:
   """(prompts [N, 1 + rows*W*C]: the start token and the top rows, originals [N, H, W, C] or None)."""
-  from hourglass_jax.data.batches.image_source import START_TOKEN  # pylint: disable=import-outside-toplevel
-
   height, width, channels = shape
   if not 0 <= options.prompt_rows < height:
     raise ValueError(f"prompt_rows={options.prompt_rows} must be in 0..{height - 1} for {height}x{width} images "
@@ -191,7 +189,7 @@ def _image_prompts(run: RunConfig, options: SampleOptions, shape) -> tuple[np.nd
   if not options.prompt_rows:
     return start, None
   split = options.split or run.data.eval_split
-  source = sources.make_source(run.data, split, run.model.vocab_size, run.train.seed)
+  source = open_images(run.data, split)
   originals = np.stack([source.image(i % len(source)) for i in range(options.num_samples)])
   rows = originals[:, :options.prompt_rows].reshape(options.num_samples, -1).astype(np.int32)
   return np.concatenate([start, rows], axis=1), originals

@@ -1,9 +1,10 @@
 """Image records (from tfds_io.open_split) as token sequences for the grain pipelines: one image = one sequence of
-H*W*C values."""
+H*W*C values; `open_images` opens a configured image dataset's split (training, evaluation, sampling prompts)."""
 
 import numpy as np
 
 from hourglass_jax.data.batches.images import images_to_tokens
+from hourglass_jax.data.batches.settings import DataSettings
 
 START_TOKEN = 0
 
@@ -38,3 +39,14 @@ class ImageSource:
   def __getitem__(self, index: int) -> np.ndarray:
     tokens = images_to_tokens(self.image(index)[None])[0]
     return np.concatenate([np.array([START_TOKEN], np.int32), tokens])
+
+
+def open_images(data: DataSettings, split: str) -> ImageSource:
+  """`split` of the image dataset `data` names, checked against data.seq_len (one image is one sequence)."""
+  from hourglass_jax.data.io import tfds_io  # pylint: disable=import-outside-toplevel  (TFDS import costs ~1 s)
+
+  source = ImageSource(tfds_io.open_split(data.spec, split, data.data_dir))
+  if source.seq_len != data.seq_len:
+    raise ValueError(f"{data.name} {split} images are {'x'.join(map(str, source.shape))} = {source.seq_len} values "
+                     f"but data.seq_len={data.seq_len}; set data.seq_len={source.seq_len}.")
+  return source

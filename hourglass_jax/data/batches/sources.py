@@ -15,6 +15,7 @@ import numpy as np
 
 from hourglass_jax.data import catalog
 from hourglass_jax.data.batches.eval_windows import ScoredWindows, protocol_context
+from hourglass_jax.data.batches.image_source import open_images
 from hourglass_jax.data.batches.settings import SPLITS, DataSettings
 
 
@@ -70,7 +71,7 @@ def split_stream(data: DataSettings, split: str):
   from hourglass_jax.data.io import tfds_io  # pylint: disable=import-outside-toplevel  (TFDS import costs ~1 s)
   from hourglass_jax.data.builders.byte_chunks import ByteStream  # pylint: disable=import-outside-toplevel
 
-  return ByteStream(tfds_io.open_split(data.name, split, data.data_dir))
+  return ByteStream(tfds_io.open_split(data.spec, split, data.data_dir))
 
 
 def split_tokens(data: DataSettings, split: str) -> np.ndarray:
@@ -86,8 +87,9 @@ def eval_geometry(data: DataSettings) -> tuple[int, int]:
 
 
 def check_data_config(data: DataSettings, vocab_size: int) -> None:
-  """What the section's own checks (its types, ranges, choices and name: data/batches/settings.py) cannot see: the file a
-  text_file names, the model's vocabulary, an image's length, the eval protocol's window; before anything is read."""
+  """What the section's own checks (its types, ranges, choices and name: data/batches/settings.py) cannot see: the
+  file a text_file names, the model's vocabulary, an image's length, the eval protocol's window; before anything is
+  read."""
   name, shape = data.name, data.spec.image_shape
   if name == "text_file" and not pathlib.Path(data.path).expanduser().is_file():
     raise FileNotFoundError(f"data.name='text_file' needs data.path to name a readable file; got "
@@ -115,14 +117,7 @@ def make_source(data: DataSettings, split: str, vocab_size: int, seed: int, *, e
     split_index = catalog.SPLIT_NAMES.index(catalog.SPLIT_ALIASES.get(split, split))
     return SyntheticSource(vocab_size, seq_len, seed + 1 + split_index)
   if kind == "image":
-    from hourglass_jax.data.batches.image_source import ImageSource  # pylint: disable=import-outside-toplevel
-    from hourglass_jax.data.io import tfds_io  # pylint: disable=import-outside-toplevel
-
-    source = ImageSource(tfds_io.open_split(name, split, data.data_dir))
-    if source.seq_len != seq_len:
-      raise ValueError(f"{name} {split} images are {'x'.join(map(str, source.shape))} = {source.seq_len} values "
-                       f"but data.seq_len={seq_len}; set data.seq_len={source.seq_len}.")
-    return source
+    return open_images(data, split)
   tokens = split_stream(data, split)
   if eval_windows:
     window, context = eval_geometry(data)

@@ -40,7 +40,11 @@ def resolve_data_dir(data_dir: str | None) -> epath.Path:
 
 
 def get_builder(name: str, data_dir: str | None, **kwargs) -> tfds.core.DatasetBuilder:
-  return tfds.builder(name, data_dir=os.fspath(resolve_data_dir(data_dir)), **kwargs)
+  return _builder(name, resolve_data_dir(data_dir), **kwargs)
+
+
+def _builder(name: str, root: epath.Path, **kwargs) -> tfds.core.DatasetBuilder:
+  return tfds.builder(name, data_dir=os.fspath(root), **kwargs)
 
 
 @contextlib.contextmanager
@@ -74,6 +78,14 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
   """
   spec = catalog.get(name)
   catalog.check_manual_files(spec, manual_dir)
+  return _build(spec, resolve_data_dir(data_dir), manual_dir, builder_kwargs=builder_kwargs, progress=progress,
+                log=log, new_build=new_build)
+
+
+def _build(spec: catalog.DatasetSpec, root: epath.Path, manual_dir: str | None, *, builder_kwargs: dict | None,
+           progress: bool, log, new_build: bool) -> tfds.core.DatasetBuilder:
+  """`prepare` of a dataset already looked up, into a data dir already resolved."""
+  name = spec.name
   kwargs = dict(builder_kwargs or {})
   download_config = None
   if name == "text_files":
@@ -83,9 +95,8 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     download_config = tfds.download.DownloadConfig(manual_dir=os.fspath(paths.as_path(manual_dir)))
     if name == "enwik8":
       kwargs.setdefault("allow_download", False)  # the user said where the file is: do not go online
-  root = resolve_data_dir(data_dir)
   with _build_lock(root, name):
-    builder = get_builder(name, os.fspath(root), file_format="array_record", **kwargs)
+    builder = _builder(name, root, file_format="array_record", **kwargs)
     _remove_stale_builds(builder, log)
     if builder.is_prepared() and new_build:
       raise ValueError(f"{name} was prepared at {builder.data_path} by another hourglass-data run while this one "
@@ -107,8 +118,8 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       raise ValueError(f"{name}: {first}: a truncated, damaged or wrong file. Delete it, download it again (or put "
                        f"the original in a folder passed as --manual_dir; {spec.needs}), and rerun.") from None
     except (tfds.core.download.DownloadError, requests.RequestException) as error:
-      files = " and ".join(f for f, _ in spec.manual_files) or "the source files"
-      raise FileNotFoundError(f"{name}: download failed ({error}). Put {files} in a folder and pass "
+      needed = " and ".join(f for f, _ in spec.manual_files) or "the source files"
+      raise FileNotFoundError(f"{name}: download failed ({error}). Put {needed} in a folder and pass "
                               f"--manual_dir=FOLDER ({spec.needs}).") from error
     except Exception as error:  # TFDS and array_record report a full disk as RuntimeError, among others
       cause = paths.disk_full(error)
@@ -130,12 +141,11 @@ def _split_name(builder, split: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def open_split(name: str, split: str, data_dir: str = ""):
-  """Random-access records of one split (an ArrayRecordDataSource). Offline datasets are built on first use;
-  the others must have been prepared."""
-  spec = catalog.get(name)
-  root = resolve_data_dir(data_dir)
-  builder = get_builder(name, os.fspath(root))
+def open_split(spec: catalog.DatasetSpec, split: str, data_dir: str = ""):
+  """Random-access records of one split of the TFDS dataset `spec` (an ArrayRecordDataSource). Offline datasets
+  are built on first use; the others must have been prepared."""
+  name, root = spec.name, resolve_data_dir(data_dir)
+  builder = _builder(name, root)
   if not builder.is_prepared():
     if not spec.automatic:
       raise FileNotFoundError(
@@ -144,7 +154,8 @@ def open_split(name: str, split: str, data_dir: str = ""):
     print(f"building {name} into {root} (first use; offline, once per data dir)")
     stdout = sys.stdout
     with contextlib.redirect_stdout(io.StringIO()):  # TFDS's "Downloading and preparing" lines: nothing downloads
-      builder = prepare(name, os.fspath(root), progress=False, log=lambda line: print(line, file=stdout))
+      builder = _build(spec, root, None, builder_kwargs=None, progress=False, new_build=False,
+                       log=lambda line: print(line, file=stdout))
   split = _split_name(builder, split)
   try:
     return builder.as_data_source(split=split)
