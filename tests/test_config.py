@@ -13,13 +13,13 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from hourglass_jax.config.train_settings import CheckpointSettings, TrainSettings
 import hourglass_jax.model
 from hourglass_jax.config.base import base_config
 from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model.config import DYNAMIC_ONLY_FIELDS, config_section_fields
 from hourglass_jax.model.draft_heads import DRAFT_HEAD_FIELDS
-from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 from tests.helpers import CONFIGS, SMALL
 
 

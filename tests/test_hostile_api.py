@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hourglass_jax.config import run_config
+from hourglass_jax.config.train_settings import CheckpointSettings, TrainSettings
 from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model import ModelConfig, build_model
 from hourglass_jax.model import decode
@@ -21,7 +22,6 @@ from hourglass_jax.model.decode import drafts, filters, sampling
 from hourglass_jax.nn import Hourglass, whitespace_boundaries
 from hourglass_jax.runtime import compile_cache, files, paths
 from hourglass_jax.train.compiled.trainer import Trainer
-from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 from tests.helpers import small_config
 
 D = 32

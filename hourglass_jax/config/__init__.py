@@ -1,6 +1,7 @@
 """Config scaffolding: the shared skeleton of every config file (base.py), the typed run config made once from it
-(run.py: `hourglass_jax.config.run_config(cfg) -> RunConfig`), the --config flag (flag.py) and the pod-scale
-presets (pod_scale.py)."""
+(run.py: `hourglass_jax.config.run_config(cfg) -> RunConfig`) with its train and checkpoint sections
+(train_settings.py; the model, data and mesh sections live with what they configure), the --config flag (flag.py)
+and the pod-scale presets (pod_scale.py)."""
 
 
 def __getattr__(name: str):

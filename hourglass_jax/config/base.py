@@ -7,10 +7,10 @@ import difflib
 import ml_collections
 from ml_collections import config_dict
 
+from hourglass_jax.config.train_settings import CheckpointSettings, TrainSettings
 from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model.config import config_section_fields
 from hourglass_jax.runtime.sharding import MeshSettings
-from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -8,11 +8,11 @@ import shlex
 
 import ml_collections
 
+from hourglass_jax.config.train_settings import CheckpointSettings, TrainSettings
 from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.runtime.settings import declarations
 from hourglass_jax.runtime.sharding import MeshSettings
-from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 
 # Each section of a config and the class that declares its settings.
 SECTIONS = {"model": ModelConfig, "data": DataSettings, "train": TrainSettings, "mesh": MeshSettings,

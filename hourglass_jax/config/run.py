@@ -8,12 +8,12 @@ import dataclasses
 import ml_collections
 
 from hourglass_jax.config.base import check_known_keys
+from hourglass_jax.config.train_settings import CheckpointSettings, TrainSettings
 from hourglass_jax.data.batches.settings import DataSettings
 from hourglass_jax.data.batches.sources import check_data_config
 from hourglass_jax.model.config import ModelConfig
 from hourglass_jax.model.hourglass.dynamic.level import check_segments_in_window
 from hourglass_jax.runtime.sharding import MeshSettings
-from hourglass_jax.train.settings import CheckpointSettings, TrainSettings
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

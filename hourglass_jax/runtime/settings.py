@@ -20,7 +20,7 @@ _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a s
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Section:
-  """Base of the typed sections (data.batches.settings.DataSettings, train.settings.TrainSettings,
+  """Base of the typed sections (data.batches.settings.DataSettings, config.train_settings.TrainSettings,
   CheckpointSettings)."""
   NAME: ClassVar[str] = ""  # the ConfigDict section's name, for messages ('train')
 

@@ -2,8 +2,8 @@
 made, hourglass_jax/config/run.py): the batch split over devices and processes, the training windows; the schedule's
 warmup warning; and the errors training raises."""
 
+from hourglass_jax.config.train_settings import TrainSettings
 from hourglass_jax.data.batches.settings import DataSettings
-from hourglass_jax.train.settings import TrainSettings
 
 
 class TrainError(RuntimeError):

@@ -28,13 +28,13 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
+from hourglass_jax.config.train_settings import CheckpointSettings
 from hourglass_jax.model.config import function_changes
 from hourglass_jax.runtime import files, paths
 from hourglass_jax.runtime.paths import disk_full, free_space, is_disk_full
 from hourglass_jax.train.checkpointing import integrity
 from hourglass_jax.train.checks import DiskFullError, TrainError
 from hourglass_jax.train.compiled.state import TrainState
-from hourglass_jax.train.settings import CheckpointSettings
 
 FORMAT_KEY, FORMAT_VERSION = "checkpoint_format", 2
 _TMP = ".orbax-checkpoint-tmp"  # Orbax's suffix of a step's folder while it is written

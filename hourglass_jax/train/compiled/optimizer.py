@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hourglass_jax.train.settings import TrainSettings
+from hourglass_jax.config.train_settings import TrainSettings
 
 DECAYED = ("kernel", "embedding")  # norms, biases and attention position biases are not decayed
 
