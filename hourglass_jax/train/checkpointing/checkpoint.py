@@ -145,8 +145,9 @@ class Checkpoints:
           sys.unraisablehook = self._previous_hook
 
   def _quiet_reported(self, record: logging.LogRecord) -> bool:
-    """absl's and asyncio's log filter while open: drops Orbax's records (a traceback each, dozens per failed save)
-    and asyncio's "Task exception was never retrieved" for its abandoned write tasks about a full disk, which `save` and `wait` report in one line naming the folder and the fix, and about a Ctrl-C that
+    """absl's and asyncio's log filter while open: drops the records of Orbax's threads (a traceback each, dozens
+    per failed save) and asyncio's "Task exception was never retrieved" for its abandoned write tasks, when about a
+    full disk, which `save` and `wait` report in one line naming the folder and the fix, or about a Ctrl-C that
     interrupted a save, which the command reports in one line."""
     error = record.exc_info[1] if record.exc_info else None
     return not (is_disk_full(error) or isinstance(error, KeyboardInterrupt)
