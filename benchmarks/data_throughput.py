@@ -100,11 +100,11 @@ def main():
   rows, builds = [], []
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
-    data_dir = str(tmp / "tfds")
+    data_dir, enwik8 = str(tmp / "tfds"), catalog.get("enwik8")
     total = fake_enwik8(tmp / "manual", args.enwik8_mb)
     _, seconds = timed(lambda: tfds_io.prepare("enwik8", data_dir, str(tmp / "manual"),
                                                builder_kwargs=dict(total_bytes=total), progress=False))
-    chunks = sum(len(tfds_io.open_split(catalog.get("enwik8"), s, data_dir)) for s in ("train", "valid", "test"))
+    chunks = sum(len(tfds_io.open_split(enwik8, s, data_dir)) for s in ("train", "valid", "test"))
     builds.append(dict(dataset=f"enwik8 layout ({args.enwik8_mb} MB, 16 KiB chunks)", examples=chunks,
                        seconds=seconds, examples_per_s=chunks / seconds, mb_per_s=total / 1e6 / seconds))
     stdlib_mb = sum(f.stat().st_size for f in embedded.stdlib_source_files()) / 1e6
@@ -122,12 +122,12 @@ def main():
                        seconds=seconds, examples_per_s=RandomPngs.COUNT / seconds,
                        mb_per_s=RandomPngs.COUNT * 3072 / 1e6 / seconds))
 
-    train = WindowSource(ByteStream(tfds_io.open_split(catalog.get("enwik8"), "train", data_dir)), 2048, 512)
+    train = WindowSource(ByteStream(tfds_io.open_split(enwik8, "train", data_dir)), 2048, 512)
     rows.append(dict(read="enwik8 train windows 2049 B, random order", items=len(train),
                      per_s=rate(train.__getitem__, len(train), args.seconds)))
     rows.append(dict(read="  as grain batches of 8 (shuffled, 2 threads)", items=len(train),
                      per_s=batch_rate(pipeline.train_iterator(train, 0, 8, (0, 8)), 8, args.seconds)))
-    valid = ScoredWindows(ByteStream(tfds_io.open_split(catalog.get("enwik8"), "valid", data_dir)), 6912, 6784)
+    valid = ScoredWindows(ByteStream(tfds_io.open_split(enwik8, "valid", data_dir)), 6912, 6784)
     rows.append(dict(read="enwik8 long-context eval windows 6913 B + weights", items=len(valid),
                      per_s=batch_rate(pipeline.eval_iterator(valid, 8, (0, 8)), 8, args.seconds)))
     digits = ImageSource(tfds_io.open_split(catalog.get("digits"), "train", data_dir))
