@@ -12,6 +12,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from hourglass_jax.data.batches import pipeline, sources
+from hourglass_jax.data.batches.image_source import open_images
 from hourglass_jax.data.batches.images import images_to_tokens, save_png_grid, tokens_to_images
 from hourglass_jax.data.io import tfds_io
 from hourglass_jax.data.batches.settings import DataSettings
@@ -58,6 +59,11 @@ def test_digits_are_an_offline_image_dataset_of_whole_sequences(tmp_path):
   assert tokens.shape == (8, 65) and weights.shape == (8, 64) and weights.all()
   with pytest.raises(ValueError, match=r"digits images are 8x8x1 = 64 values; set data.seq_len=64"):
     sources.check_data_config(DataSettings.of(tiny_config(data=dict(name="digits", seq_len=63)).data), 256)
+  # a split read without that check first (hourglass-sample's image prompts): the images' own shape is named
+  with pytest.raises(ValueError, match=r"^digits valid images are 8x8x1 = 64 values but data\.seq_len=63; set "
+                                       r"data\.seq_len=64\.$"):
+    open_images(DataSettings.of(tiny_config(data=dict(name="digits", seq_len=63, data_dir=str(tmp_path))).data),
+                "valid")
 
 
 def test_tfds_image_datasets_read_through_the_same_path(tmp_path, monkeypatch):
